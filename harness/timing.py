@@ -1,0 +1,131 @@
+"""Timing primitives: CUDA-event stage timing with a cold L2, and wall-clock on the CPU.
+
+Every figure the harness reports comes from here. On the GPU each timed call is bracketed by
+CUDA events; by default the L2 cache is flushed (a write over a buffer twice its size) before
+the call and outside the events, so a figure is a cold-cache figure (NVBench's "cold" mode).
+On the CPU the clock is ``time.perf_counter`` and the figures are not performance figures.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class TimingStats:
+    """Summary of a list of samples, in microseconds."""
+
+    median_us: float
+    p10_us: float
+    p90_us: float
+    n: int
+
+    @staticmethod
+    def of(samples_us: Sequence[float]) -> "TimingStats":
+        a = np.asarray([s for s in samples_us if s == s], dtype=np.float64)
+        if a.size == 0:
+            return TimingStats(float("nan"), float("nan"), float("nan"), 0)
+        return TimingStats(float(np.median(a)), float(np.percentile(a, 10)),
+                           float(np.percentile(a, 90)), int(a.size))
+
+
+def is_cuda(device: torch.device | str) -> bool:
+    return torch.device(device).type == "cuda"
+
+
+class L2Flusher:
+    """Evicts the GPU's L2 by writing a buffer of twice its size (no-op on the CPU)."""
+
+    def __init__(self, device: torch.device | str):
+        self.device = torch.device(device)
+        self.buf: Optional[torch.Tensor] = None
+        if is_cuda(self.device):
+            props = torch.cuda.get_device_properties(self.device)
+            l2 = int(getattr(props, "L2_cache_size", 0) or 0) or (64 << 20)
+            self.buf = torch.empty(2 * l2 // 4, dtype=torch.int32, device=self.device)
+
+    def __call__(self) -> None:
+        if self.buf is not None:
+            self.buf.random_(0, 1 << 30)
+
+
+class StageTimer:
+    """Times the stages of one decode layer step.
+
+    A backend calls ``timer.run(stage_name, fn)`` for each stage, in order; ``begin()`` flushes
+    the L2 (when ``cold_l2``) and opens the step, ``end()`` closes it and returns the
+    per-stage and total times in microseconds. On the GPU each stage is bracketed by CUDA
+    events, the total spans the first stage's start to the last stage's end (so CPU launch
+    gaps between stages count, as they do on a real critical path). Reading the events
+    synchronises, which happens in ``end()``, outside the timed region.
+    """
+
+    def __init__(self, device: torch.device | str, cold_l2: bool = True):
+        self.device = torch.device(device)
+        self.cuda = is_cuda(self.device)
+        self.cold_l2 = cold_l2
+        self.flush = L2Flusher(self.device) if (self.cuda and cold_l2) else None
+        self._marks: List[tuple] = []
+
+    def begin(self) -> None:
+        if self.flush is not None:
+            self.flush()
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        self._marks = []
+
+    def run(self, stage: str, fn: Callable[[], object]) -> object:
+        if self.cuda:
+            a = torch.cuda.Event(enable_timing=True)
+            b = torch.cuda.Event(enable_timing=True)
+            a.record()
+            out = fn()
+            b.record()
+        else:
+            a = time.perf_counter()
+            out = fn()
+            b = time.perf_counter()
+        self._marks.append((stage, a, b))
+        return out
+
+    def end(self) -> Dict[str, float]:
+        """Returns ``{stage: us, ..., "total": us}``; repeated stage names are summed."""
+        if not self._marks:
+            return {"total": 0.0}
+        if self.cuda:
+            self._marks[-1][2].synchronize()
+            el = lambda a, b: a.elapsed_time(b) * 1e3  # noqa: E731  (ms -> us)
+        else:
+            el = lambda a, b: (b - a) * 1e6  # noqa: E731
+        out: Dict[str, float] = {}
+        for stage, a, b in self._marks:
+            out[stage] = out.get(stage, 0.0) + el(a, b)
+        out["total"] = el(self._marks[0][1], self._marks[-1][2])
+        return out
+
+
+def time_fn(fn: Callable[[], object], device: torch.device | str, *, warmup: int = 3,
+            repeats: int = 20, cold_l2: bool = True,
+            setup: Optional[Callable[[], object]] = None) -> TimingStats:
+    """Times ``fn`` ``repeats`` times after ``warmup`` calls; ``setup`` (untimed) runs before each.
+
+    GPU: CUDA events around each call, L2 flushed before each call when ``cold_l2``.
+    CPU: wall-clock. Returns median / p10 / p90 in microseconds.
+    """
+    timer = StageTimer(device, cold_l2=cold_l2)
+    for _ in range(warmup):
+        if setup is not None:
+            setup()
+        fn()
+    samples = []
+    for _ in range(repeats):
+        if setup is not None:
+            setup()
+        timer.begin()
+        timer.run("call", fn)
+        samples.append(timer.end()["total"])
+    return TimingStats.of(samples)
