@@ -1,0 +1,398 @@
+"""Analytic model: the uniform-random page bound and a per-stage roofline.
+
+Units used throughout this module:
+
+* time in microseconds (µs);
+* bytes in bytes; bandwidths in GB/s with 1 GB = 1e9 B;
+* compute in FLOP and TFLOP/s with 1 TFLOP = 1e12 FLOP.
+
+**Page bound.** If ``k`` of ``N`` token positions are chosen uniformly at random, a page of
+``P`` positions is untouched with probability C(N-P, k)/C(N, k), so the expected number of pages
+touched is (N/P) * (1 - C(N-P, k)/C(N, k)) (``expected_pages_uniform``). The ratio of binomials
+is the product prod_{i<P} (N-k-i)/(N-i), summed here in log space with ``log1p`` so it stays
+exact to rounding for N in the millions.
+
+**Roofline.** For one decode layer step of the whole batch, each stage the backend runs is
+modelled as
+
+    t_stage = kernels * launch_us + max(hbm_bytes / hbm_bw, h2d_bytes / h2d_bw, flops / compute)
+
+with the bandwidths and compute taken from the ceilings measured in the same process (or from a
+hardware YAML, for projections). What each stage moves (``stage_work``):
+
+* ``select`` (lightning indexer + top-k, 2 kernels): reads the index keys of the whole context,
+  132 B/token, writes and re-reads fp32 logits (8 B/token); FLOPs 2 * 64 heads * 128 dims per
+  context token (fp8 on the GPU, charged here at the bf16 ceiling: an upper bound on its time).
+* ``transform`` (1 kernel): flashmla_sparse turns k logical positions into device slots through
+  the page table (read 4 B index + 4 B page-table entry, write 4 B per selected token);
+  hisparse's coordinator hashes the k positions and scans its device buffer's slot table
+  (int32 token + int32 location + int16 LRU entry read, int16 LRU entry written: 12 B per slot)
+  and writes 4 B per selected slot.
+* ``swap_in`` (hisparse only, 1 kernel): the counted ``bytes_h2d`` over the host link, and the
+  same bytes written into the hot buffer in HBM.
+* ``attention`` (1 kernel): reads the counted ``bytes_selected`` (selected KV rows) plus the bf16
+  query (576 values) and writes the bf16 output (512 values) per head; FLOPs
+  2 * 128 heads * (576 + 512) per selected token (QK^T and PV).
+
+The fixed launch cost per kernel defaults to 5 µs (anchors.md B4: 4-6 µs through the driver; a
+tiny torch op from Python costs about 6 µs on the H200 we measured).
+
+The counts in a results row are summed over measured steps x layers x requests; the latency is
+for one decode layer step of the whole batch, so per-step work is count / (steps * num_layers).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Dict, Mapping, Optional
+
+import numpy as np
+import pandas as pd
+
+STAGES = ("select", "transform", "swap_in", "attention")
+
+#: the stages each backend family runs, in order
+BACKEND_STAGES = {
+    "flashmla_sparse": ("select", "transform", "attention"),
+    "hisparse": ("select", "transform", "swap_in", "attention"),
+}
+
+#: kernels launched per stage (launch cost is paid once per kernel)
+STAGE_KERNELS = {"select": 2, "transform": 1, "swap_in": 1, "attention": 1}
+
+DEFAULT_LAUNCH_US = 5.0
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """DeepSeek-V3.2 attention shapes. Bytes are per token per layer."""
+
+    num_heads: int = 128
+    d_qk: int = 576
+    d_v: int = 512
+    index_heads: int = 64
+    index_dim: int = 128
+    index_key_bytes: int = 132
+    num_layers: int = 61
+    kv_row_bytes_fp8: int = 656
+    kv_row_bytes_bf16: int = 1152
+
+    def attention_flops_per_token(self) -> float:
+        """FLOPs of one query (all heads) against one selected KV row: 2*H*(d_qk + d_v)."""
+        return 2.0 * self.num_heads * (self.d_qk + self.d_v)
+
+    def indexer_flops_per_token(self) -> float:
+        """FLOPs of the lightning indexer per context token per query: 2*64*128."""
+        return 2.0 * self.index_heads * self.index_dim
+
+
+DSV32 = ModelShape()
+
+
+# --------------------------------------------------------------------------- page bound
+
+def _log_untouched(N: float, k: float, size: float) -> float:
+    """log(C(N-size, k) / C(N, k)): log-probability that a block of ``size`` positions holds
+    none of ``k`` uniformly chosen positions out of ``N``. -inf when k > N - size."""
+    if k <= 0 or size <= 0:
+        return 0.0
+    if k > N - size:
+        return -math.inf
+    i = np.arange(int(size), dtype=np.float64)
+    return float(np.sum(np.log1p(-float(k) / (float(N) - i))))
+
+
+def _touched(N: int, k: int, P: int) -> tuple:
+    """(expected touched full pages, probability the partial last page is touched, its size)."""
+    k = min(k, N)
+    full, rest = divmod(N, P)
+    e_full = full * -math.expm1(_log_untouched(N, k, P)) if full else 0.0
+    e_rest = -math.expm1(_log_untouched(N, k, rest)) if rest else 0.0
+    return e_full, e_rest, rest
+
+
+def expected_pages_uniform(N: int, k: int, P: int) -> float:
+    """Expected number of distinct pages touched when ``k`` of ``N`` positions are chosen
+    uniformly without replacement and pages hold ``P`` positions (pages).
+
+    Equals (N/P) * (1 - C(N-P, k)/C(N, k)) when P divides N; a partial last page of N mod P
+    positions is handled exactly. ``k`` is clipped to ``N``.
+    """
+    N, k, P = int(N), int(k), int(P)
+    if P <= 0:
+        raise ValueError("page size must be positive")
+    if N <= 0 or k <= 0:
+        return 0.0
+    e_full, e_rest, _ = _touched(N, k, P)
+    return e_full + e_rest
+
+
+def expected_amplification_uniform(N: int, k: int, P: int) -> float:
+    """Tokens in the pages touched by a uniform-random top-k, divided by min(k, N)
+    (dimensionless): E[pages] * P / k when P divides N, the bytes a page-granular loader with no
+    cache moves per selected byte."""
+    N, k, P = int(N), int(k), int(P)
+    if P <= 0:
+        raise ValueError("page size must be positive")
+    if N <= 0 or k <= 0:
+        return float("nan")
+    e_full, e_rest, rest = _touched(N, k, P)
+    return (e_full * P + e_rest * rest) / min(k, N)
+
+
+# --------------------------------------------------------------------------- ceilings
+
+@dataclass(frozen=True)
+class Ceilings:
+    """Hardware ceilings. ``None`` means "take the ceiling measured in the run" (hbm_gbps and
+    h2d_gbps in GB/s, bf16_tflops in TFLOP/s, launch_us in µs, hbm_capacity_gb in GB)."""
+
+    name: str = "measured"
+    hbm_gbps: Optional[float] = None
+    h2d_gbps: Optional[float] = None
+    bf16_tflops: Optional[float] = None
+    launch_us: float = DEFAULT_LAUNCH_US
+    hbm_capacity_gb: Optional[float] = None
+    label: str = ""
+
+    @property
+    def is_placeholder(self) -> bool:
+        return self.hbm_gbps is None and self.h2d_gbps is None and self.bf16_tflops is None
+
+    def filled_from(self, hbm_gbps: float, h2d_gbps: float, bf16_tflops: float) -> "Ceilings":
+        """These ceilings with every ``None`` replaced by the given (measured) value."""
+        return replace(self,
+                       hbm_gbps=hbm_gbps if self.hbm_gbps is None else self.hbm_gbps,
+                       h2d_gbps=h2d_gbps if self.h2d_gbps is None else self.h2d_gbps,
+                       bf16_tflops=bf16_tflops if self.bf16_tflops is None else self.bf16_tflops)
+
+
+def _parse_flat_yaml(text: str) -> Dict[str, object]:
+    """A ``key: value`` YAML subset (used only when PyYAML is not installed)."""
+    out: Dict[str, object] = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].rstrip()
+        if not line.strip() or ":" not in line:
+            continue
+        key, val = (s.strip() for s in line.split(":", 1))
+        val = val.strip("'\"")
+        if val in ("", "null", "~", "None"):
+            out[key] = None
+        else:
+            try:
+                out[key] = float(val)
+            except ValueError:
+                out[key] = val
+    return out
+
+
+def load_hardware(path: str | Path) -> Ceilings:
+    """Reads a ``conf/hardware/*.yaml`` ceiling set (keys as in ``Ceilings``)."""
+    text = Path(path).read_text()
+    try:
+        import yaml  # PyYAML ships with omegaconf/Hydra
+        data = yaml.safe_load(text) or {}
+    except ImportError:
+        data = _parse_flat_yaml(text)
+    known = {f for f in Ceilings.__dataclass_fields__}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"{path}: unknown hardware keys {unknown}; allowed {sorted(known)}")
+    kw = dict(data)
+    kw.setdefault("name", Path(path).stem)
+    for key in ("hbm_gbps", "h2d_gbps", "bf16_tflops", "launch_us", "hbm_capacity_gb"):
+        if kw.get(key) is not None:
+            kw[key] = float(kw[key])
+    if kw.get("launch_us") is None:
+        kw["launch_us"] = DEFAULT_LAUNCH_US
+    kw["name"] = str(kw["name"])
+    kw["label"] = str(kw.get("label") or kw["name"])
+    return Ceilings(**kw)
+
+
+# --------------------------------------------------------------------------- stage work
+
+@dataclass(frozen=True)
+class StageWork:
+    """What one stage moves and computes in one decode layer step of the whole batch."""
+
+    hbm_bytes: float = 0.0
+    h2d_bytes: float = 0.0
+    flops: float = 0.0
+    kernels: int = 1
+
+
+def family(backend: object) -> str:
+    """The backend family: the part of the backend name before any '+'."""
+    return str(backend).split("+", 1)[0]
+
+
+def _f(row: Mapping, key: str) -> float:
+    v = row.get(key)
+    try:
+        if v is None or pd.isna(v):
+            return float("nan")
+    except (TypeError, ValueError):
+        return float("nan")
+    return float(v)
+
+
+def stage_work(row: Mapping, shape: ModelShape = DSV32) -> Dict[str, StageWork]:
+    """Bytes and FLOPs per stage for one results row, per decode layer step of the batch.
+
+    Uses the counted ``tokens_selected``, ``bytes_selected`` and ``bytes_h2d`` (divided by
+    steps * num_layers) and the axes ``batch_size``, ``context_len``, ``top_k``,
+    ``device_buffer_size``, ``kv_row_bytes``. See the module docstring for each stage.
+    """
+    fam = family(row.get("backend"))
+    B = _f(row, "batch_size")
+    N = _f(row, "context_len")
+    k = _f(row, "top_k")
+    R = _f(row, "kv_row_bytes")
+    per = _f(row, "steps") * _f(row, "num_layers")
+    tok = _f(row, "tokens_selected") / per
+    if not np.isfinite(tok):
+        tok = B * min(k, N)
+    sel_bytes = _f(row, "bytes_selected") / per
+    if not np.isfinite(sel_bytes):
+        sel_bytes = tok * R
+    work = {
+        "select": StageWork(hbm_bytes=B * N * (shape.index_key_bytes + 8),
+                            flops=B * N * shape.indexer_flops_per_token(),
+                            kernels=STAGE_KERNELS["select"]),
+        "attention": StageWork(hbm_bytes=sel_bytes + B * shape.num_heads * 2 * (shape.d_qk + shape.d_v),
+                               flops=tok * shape.attention_flops_per_token(),
+                               kernels=STAGE_KERNELS["attention"]),
+    }
+    if fam == "hisparse":
+        D = _f(row, "device_buffer_size")
+        h2d = _f(row, "bytes_h2d") / per
+        h2d = 0.0 if not np.isfinite(h2d) else h2d
+        work["transform"] = StageWork(hbm_bytes=B * (8 * k + 12 * D), kernels=STAGE_KERNELS["transform"])
+        work["swap_in"] = StageWork(hbm_bytes=h2d, h2d_bytes=h2d, kernels=STAGE_KERNELS["swap_in"])
+    else:
+        work["transform"] = StageWork(hbm_bytes=B * k * 12, kernels=STAGE_KERNELS["transform"])
+    return {s: work[s] for s in STAGES if s in work}
+
+
+def stage_time_us(work: StageWork, ceil: Ceilings) -> float:
+    """Roofline time of one stage in µs: kernels*launch + max(bytes/bandwidth, flops/compute).
+
+    A term whose ceiling is missing (None/NaN) makes the result NaN unless that term is zero.
+    """
+    def term(amount: float, rate: Optional[float], scale: float) -> float:
+        if amount == 0:
+            return 0.0
+        if rate is None or not np.isfinite(rate) or rate <= 0:
+            return float("nan")
+        return amount / (rate * scale)
+
+    # GB/s -> B/µs is *1e3; TFLOP/s -> FLOP/µs is *1e6
+    t = max(term(work.hbm_bytes, ceil.hbm_gbps, 1e3),
+            term(work.h2d_bytes, ceil.h2d_gbps, 1e3),
+            term(work.flops, ceil.bf16_tflops, 1e6))
+    return work.kernels * ceil.launch_us + t
+
+
+def row_ceilings(row: Mapping, base: Ceilings = Ceilings()) -> Ceilings:
+    """``base`` with its placeholders filled from the row's measured ceiling_* columns."""
+    return base.filled_from(_f(row, "ceiling_hbm_gbps"), _f(row, "ceiling_h2d_gbps"),
+                            _f(row, "ceiling_bf16_tflops"))
+
+
+def modelled_stages(row: Mapping) -> tuple:
+    """The stages to model for a row: the backend's stages, restricted to those the row measured
+    when it measured any (so predicted and measured totals cover the same work)."""
+    stages = BACKEND_STAGES.get(family(row.get("backend")), STAGES)
+    measured = [s for s in stages if np.isfinite(measured_stage_us(row, s))]
+    return tuple(measured) if measured else tuple(stages)
+
+
+def measured_stage_us(row: Mapping, stage: str) -> float:
+    """Measured median of a stage in µs; ``select`` falls back to indexer + top-k."""
+    v = _f(row, f"stage_{stage}_us")
+    if stage == "select" and not np.isfinite(v):
+        v = _f(row, "stage_indexer_us") + _f(row, "stage_topk_us")
+    return v
+
+
+def predict(df: pd.DataFrame, hardware: Ceilings = Ceilings(), shape: ModelShape = DSV32) -> pd.DataFrame:
+    """Per row: predicted µs per stage (``pred_<stage>_us``), their sum ``pred_total_us``, the
+    measured stage and total times, and measured / predicted ratios (``ratio_<stage>``,
+    ``ratio_total``). Placeholders in ``hardware`` are filled from each row's own ceilings."""
+    out = []
+    for _, r in df.iterrows():
+        row = r.to_dict()
+        ceil = row_ceilings(row, hardware)
+        work = stage_work(row, shape)
+        stages = modelled_stages(row)
+        rec = {}
+        total = 0.0
+        meas_sum = 0.0
+        for s in STAGES:
+            p = stage_time_us(work[s], ceil) if s in stages and s in work else float("nan")
+            m = measured_stage_us(row, s) if s in stages else float("nan")
+            rec[f"pred_{s}_us"] = p
+            rec[f"meas_{s}_us"] = m
+            rec[f"ratio_{s}"] = m / p if np.isfinite(m) and np.isfinite(p) and p > 0 else float("nan")
+            if s in stages:
+                total += p
+                meas_sum += m if np.isfinite(m) else 0.0
+        rec["pred_total_us"] = total
+        rec["meas_total_us"] = _f(row, "latency_us_median")
+        rec["meas_stage_sum_us"] = meas_sum
+        rec["ratio_total"] = (rec["meas_total_us"] / total
+                              if np.isfinite(total) and total > 0 else float("nan"))
+        rec["ceiling_set"] = ceil.name
+        out.append(rec)
+    return pd.DataFrame(out, index=df.index)
+
+
+def project(df: pd.DataFrame, target: Ceilings, source: Ceilings = Ceilings(),
+            shape: ModelShape = DSV32) -> pd.DataFrame:
+    """Projects each row's latency onto ``target`` hardware (µs). PROJECTIONS, not measurements.
+
+    Where the source ceilings are known (measured in the run, or given), each measured stage is
+    scaled by predicted(target) / predicted(source), keeping the measured efficiency, and the
+    unmodelled remainder (measured total minus the sum of measured stages: launch gaps, host
+    overhead) is carried over unchanged: ``projection_basis = 'scaled-measured'``. Otherwise the
+    projection is the target's pure roofline total: ``'roofline-only'``.
+    Returns ``proj_<stage>_us``, ``proj_latency_us``, ``projection_basis``.
+    """
+    out = []
+    for _, r in df.iterrows():
+        row = r.to_dict()
+        src = row_ceilings(row, source)
+        tgt = row_ceilings(row, target)
+        work = stage_work(row, shape)
+        stages = modelled_stages(row)
+        rec: Dict[str, object] = {}
+        scaled_ok = True
+        proj_sum = meas_sum = roof = 0.0
+        for s in STAGES:
+            if s not in stages:
+                rec[f"proj_{s}_us"] = float("nan")
+                continue
+            pt = stage_time_us(work[s], tgt)
+            ps = stage_time_us(work[s], src)
+            m = measured_stage_us(row, s)
+            roof += pt
+            if np.isfinite(m) and np.isfinite(ps) and ps > 0 and np.isfinite(pt):
+                v = m * pt / ps
+                meas_sum += m
+            else:
+                v = pt
+                scaled_ok = False
+            rec[f"proj_{s}_us"] = v
+            proj_sum += v
+        total = _f(row, "latency_us_median")
+        if scaled_ok and np.isfinite(total):
+            rec["proj_latency_us"] = proj_sum + max(0.0, total - meas_sum)
+            rec["projection_basis"] = "scaled-measured"
+        else:
+            rec["proj_latency_us"] = roof
+            rec["projection_basis"] = "roofline-only"
+        rec["target"] = target.name
+        out.append(rec)
+    return pd.DataFrame(out, index=df.index)

@@ -1,0 +1,109 @@
+"""Structured configs (dataclasses) registered in Hydra's ConfigStore.
+
+``conf/config.yaml`` composes ``RunConfig`` with one YAML per concern from ``conf/`` (model,
+selection, timing, hisparse, indexer); ``sweeps/*.yaml`` are registered as the ``sweep`` group
+(``+sweep=NAME``). The plain top-level keys (``backend``, ``page_size``, ``top_k``,
+``batch_size``, ``context_len``, ``steps``, ``num_layers``, ``pattern``, ``step_overlap``)
+are the axes a sweep varies; ``${model.*}`` interpolations give them model defaults.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+ROOT = Path(__file__).resolve().parent.parent
+CONF_DIR = ROOT / "conf"
+SWEEPS_DIR = ROOT / "sweeps"
+
+
+@dataclass
+class ModelConfig:
+    """Attention geometry of a DSA model (one MLA layer in MQA form + its lightning indexer)."""
+
+    name: str = "auto"            # dsv32 | tiny | auto (GPU -> dsv32, CPU -> tiny)
+    num_heads: int = 128          # query heads H
+    d_nope: int = 512             # latent (no-RoPE) dims of a KV row; V = these dims
+    d_rope: int = 64              # RoPE dims of a KV row
+    d_v: int = 512                # output dims (first d_v dims of the KV row)
+    index_heads: int = 64         # lightning-indexer heads
+    index_dim: int = 128          # lightning-indexer head dim
+    top_k: int = 2048             # index_topk
+    layers: int = 61              # layers of the full model (capacity view); runs simulate num_layers
+    sm_scale: float = 0.07216878364870323  # softmax scale (192 ** -0.5 for DeepSeek-V3.2)
+    context_len: int = 32768      # default context for runs of this model
+    batch_size: int = 32          # default batch for runs of this model
+
+    @property
+    def d_qk(self) -> int:
+        return self.d_nope + self.d_rope
+
+
+@dataclass
+class SelectionConfig:
+    """Where each layer's top-k comes from."""
+
+    source: str = "synthetic"     # synthetic | trace | indexer
+    path: Optional[str] = None    # trace to replay (source=trace)
+    record: Optional[str] = None  # write this run's selections as a trace (.npz)
+    cluster_len: int = 16         # run length of the clustered pattern (tokens)
+    num_sinks: int = 64           # leading tokens of the prefix/mixed patterns
+    window: int = 512             # trailing tokens of the mixed pattern
+    fuse_topk: bool = True        # source=indexer: fused top-k + index transform
+
+
+@dataclass
+class TimingConfig:
+    warmup_steps: int = 2         # decode steps excluded from the numbers
+    cold_l2: bool = True          # flush the L2 before each timed layer step
+    cuda_graph: bool = False      # time CUDA-graph replays of each layer step
+    check_tolerance: float = 0.03 # max ||out - ref|| / ||ref|| for status=ok
+
+
+@dataclass
+class HiSparseConfig:
+    device_buffer_size: Optional[int] = None  # hot-buffer slots per (layer, request); None -> 2 * top_k
+    load_granularity: str = "token"            # token | page
+    copy_engine: str = "uva_kernel"            # uva_kernel | memcpy | staged
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    selection: SelectionConfig = field(default_factory=SelectionConfig)
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    hisparse: HiSparseConfig = field(default_factory=HiSparseConfig)
+    backend: str = "all"          # flashmla_sparse | hisparse | all
+    attention_kernel: str = "triton"
+    kv_dtype: str = "fp8_ds_mla"  # fp8_ds_mla | bf16
+    page_size: int = 64
+    top_k: int = "${model.top_k}"  # type: ignore[assignment]
+    batch_size: int = "${model.batch_size}"  # type: ignore[assignment]
+    context_len: int = "${model.context_len}"  # type: ignore[assignment]
+    steps: int = 6                # decode steps, warm-up included
+    num_layers: int = 2           # layers simulated per step
+    pattern: str = "random"       # random | sliding_window | prefix | clustered | mixed
+    step_overlap: float = 0.85    # fraction of a layer's selection kept from the previous step
+    seed: int = 0
+    device: str = "auto"          # auto | cuda | cpu
+    overwrite: bool = False       # re-run a job whose result.parquet already exists
+    report: bool = True           # write the report at the end of a run / sweep
+
+
+def register_configs() -> None:
+    """Registers the schema and the ``sweep`` group (one entry per ``sweeps/*.yaml``)."""
+    cs = ConfigStore.instance()
+    cs.store(name="run_config", node=RunConfig)
+    for path in sorted(SWEEPS_DIR.glob("*.yaml")):
+        cs.store(group="sweep", name=path.stem, node=OmegaConf.load(path), package="_global_")
+
+
+def load_model_preset(name: str) -> dict:
+    """The fields of ``conf/model/NAME.yaml`` as a dict (used to resolve ``model=auto``)."""
+    path = CONF_DIR / "model" / f"{name}.yaml"
+    cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    cfg.pop("defaults", None)
+    return cfg

@@ -1,0 +1,45 @@
+"""Provenance captured with every result row: code version, library versions, machine."""
+from __future__ import annotations
+
+import platform
+import socket
+import subprocess
+from datetime import datetime, timezone
+from functools import lru_cache
+from typing import Dict
+
+import torch
+
+from harness.config import ROOT
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+@lru_cache(maxsize=None)
+def provenance(device: str) -> Dict[str, object]:
+    """git_sha, git_dirty, torch/triton versions, GPU name and host of this process."""
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:  # pragma: no cover - triton is a dependency
+        triton_version = "absent"
+    gpu = torch.cuda.get_device_name(0) if device.startswith("cuda") else f"cpu ({platform.processor() or platform.machine()})"
+    sha = _git("rev-parse", "HEAD") or "unknown"
+    return {
+        "git_sha": sha,
+        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")) if sha != "unknown" else None,
+        "torch_version": torch.__version__,
+        "triton_version": triton_version,
+        "gpu_name": gpu,
+        "hostname": socket.gethostname(),
+    }
+
+
+def timestamp() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")

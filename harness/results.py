@@ -1,0 +1,217 @@
+"""Results: one tidy row per (configuration point, backend), Parquet, written atomically.
+
+Layout of a run directory (one Hydra job = one configuration point)::
+
+    RUN_DIR/                      # a single run, or one job of a sweep
+      result.parquet              # one row per backend (COLUMNS below)
+      steps.parquet               # one row per (backend, step, layer, request) (STEP_COLUMNS)
+      .hydra/                     # Hydra's composed config and overrides
+    SWEEP_DIR/<override_dirname>/result.parquet ...
+
+``load(path)`` returns one DataFrame over a job directory, a sweep, or any tree of them.
+The meaning of every column is documented in ``results/README.md``.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Dict, Iterable, List, Mapping
+
+import pandas as pd
+
+SCHEMA_VERSION = 1
+RESULT_FILE = "result.parquet"
+STEPS_FILE = "steps.parquet"
+
+#: column -> pandas dtype. Order is the order of the Parquet file.
+COLUMNS: Dict[str, str] = {
+    "schema_version": "Int64",
+    # what was measured
+    "backend": "string",
+    "attention_kernel": "string",
+    "model": "string",
+    "kv_dtype": "string",
+    "kv_row_bytes": "Int64",
+    "page_size": "Int64",
+    "top_k": "Int64",
+    "batch_size": "Int64",
+    "context_len": "Int64",
+    "pattern": "string",
+    "step_overlap": "float64",
+    "selection": "string",
+    "phase": "string",
+    "steps": "Int64",
+    "warmup_steps": "Int64",
+    "num_layers": "Int64",
+    "seed": "Int64",
+    "device_buffer_size": "Int64",
+    "load_granularity": "string",
+    "copy_engine": "string",
+    "fuse_topk": "boolean",
+    "cold_l2": "boolean",
+    "cuda_graph": "boolean",
+    "device": "string",
+    # outcome
+    "status": "string",
+    "error": "string",
+    # latency of one decode layer step (all stages), microseconds
+    "latency_us_median": "float64",
+    "latency_us_p10": "float64",
+    "latency_us_p90": "float64",
+    "n_samples": "Int64",
+    # per-stage medians, microseconds (NaN where the backend has no such stage)
+    "stage_select_us": "float64",
+    "stage_indexer_us": "float64",
+    "stage_topk_us": "float64",
+    "stage_transform_us": "float64",
+    "stage_swap_in_us": "float64",
+    "stage_attention_us": "float64",
+    # counts, summed over measured steps, layers and requests
+    "tokens_selected": "Int64",
+    "pages_touched": "Int64",
+    "tokens_loaded": "Int64",
+    "pages_loaded": "Int64",
+    "hits": "Int64",
+    "misses": "Int64",
+    "hit_rate": "float64",
+    "bytes_selected": "Int64",
+    "bytes_hbm_read": "Int64",
+    "bytes_h2d": "Int64",
+    "flops": "float64",
+    # rates derived from the counts and the median latency
+    "hbm_gbps": "float64",
+    "h2d_gbps": "float64",
+    "tflops": "float64",
+    # ceilings measured in the same process
+    "ceiling_hbm_gbps": "float64",
+    "ceiling_h2d_gbps": "float64",
+    "ceiling_bf16_tflops": "float64",
+    # memory
+    "working_set_bytes": "Int64",
+    "host_bytes": "Int64",
+    # correctness against the torch reference
+    "max_rel_err": "float64",
+    "max_lse_err": "float64",
+    "tolerance": "float64",
+    # provenance
+    "git_sha": "string",
+    "git_dirty": "boolean",
+    "torch_version": "string",
+    "triton_version": "string",
+    "gpu_name": "string",
+    "hostname": "string",
+    "repro_command": "string",
+    "config_hash": "string",
+    "timestamp": "string",
+}
+
+#: the per-step table; ``backend`` + (step, layer, request) identify a row.
+STEP_COLUMNS: Dict[str, str] = {
+    "backend": "string",
+    "step": "Int64",
+    "layer": "Int64",
+    "request": "Int64",
+    "warmup": "boolean",
+    "seq_len": "Int64",
+    "tokens_selected": "Int64",
+    "pages_touched": "Int64",
+    "hits": "Int64",
+    "misses": "Int64",
+    "tokens_loaded": "Int64",
+    "pages_loaded": "Int64",
+    "bytes_h2d": "Int64",
+    "latency_us": "float64",
+    "stage_select_us": "float64",
+    "stage_transform_us": "float64",
+    "stage_swap_in_us": "float64",
+    "stage_attention_us": "float64",
+}
+
+STATUSES = ("ok", "incorrect", "invalid", "oom", "unavailable", "error")
+
+
+class SchemaError(ValueError):
+    """A results file that this version of the harness cannot read."""
+
+
+def _frame(rows: Iterable[Mapping], columns: Dict[str, str]) -> pd.DataFrame:
+    rows = list(rows)
+    extra = sorted({k for r in rows for k in r} - set(columns))
+    if extra:
+        raise KeyError(f"unknown result columns {extra}; add them to harness.results")
+    df = pd.DataFrame([{c: r.get(c) for c in columns} for r in rows], columns=list(columns))
+    for c, dt in columns.items():
+        if dt == "float64":
+            df[c] = pd.to_numeric(df[c], errors="coerce").astype("float64")
+        else:
+            df[c] = df[c].astype(dt)
+    return df
+
+
+def _atomic_write_parquet(df: pd.DataFrame, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        df.to_parquet(tmp, index=False)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_results(job_dir: str | os.PathLike, rows: List[Mapping]) -> Path:
+    """Writes ``rows`` (dicts keyed by COLUMNS; missing keys become null) to RESULT_FILE."""
+    path = Path(job_dir) / RESULT_FILE
+    _atomic_write_parquet(_frame(rows, COLUMNS), path)
+    return path
+
+
+def write_steps(job_dir: str | os.PathLike, rows: List[Mapping]) -> Path:
+    """Writes the per-(backend, step, layer, request) table to STEPS_FILE."""
+    path = Path(job_dir) / STEPS_FILE
+    _atomic_write_parquet(_frame(rows, STEP_COLUMNS), path)
+    return path
+
+
+def _check_schema(df: pd.DataFrame, path: Path) -> None:
+    if "schema_version" not in df.columns:
+        raise SchemaError(f"{path}: not a harness result file (no schema_version column)")
+    newest = int(df["schema_version"].max())
+    if newest > SCHEMA_VERSION:
+        raise SchemaError(f"{path}: schema_version {newest} is newer than this harness "
+                          f"reads ({SCHEMA_VERSION}); update the harness")
+
+
+def result_files(path: str | os.PathLike) -> List[Path]:
+    p = Path(path)
+    if p.is_file():
+        return [p]
+    return sorted(q for q in p.rglob(RESULT_FILE) if not any(s.startswith(".") for s in q.parts[len(p.parts):-1]))
+
+
+def load(path: str | os.PathLike, steps: bool = False) -> pd.DataFrame:
+    """One DataFrame over every result (or, with ``steps=True``, per-step) file under ``path``.
+
+    Adds a ``job_dir`` column (the directory of each file). Raises ``FileNotFoundError`` when
+    there is nothing to load and ``SchemaError`` for a file from a newer schema version.
+    """
+    files = result_files(path)
+    if not files:
+        raise FileNotFoundError(f"no {RESULT_FILE} under {path}")
+    frames = []
+    for f in files:
+        df = pd.read_parquet(f)
+        _check_schema(df, f)
+        if steps:
+            sf = f.parent / STEPS_FILE
+            if not sf.exists():
+                continue
+            df = pd.read_parquet(sf)
+        df.insert(0, "job_dir", str(f.parent))
+        frames.append(df)
+    if not frames:
+        raise FileNotFoundError(f"no {STEPS_FILE} under {path}")
+    return pd.concat(frames, ignore_index=True)

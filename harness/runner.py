@@ -1,0 +1,236 @@
+"""Runs one configuration point through every requested backend and records the results.
+
+For each backend: set-up (untimed), ``prefill``, then ``steps`` decode steps; each step runs
+``num_layers`` layer steps, each timed stage by stage (``harness.timing.StageTimer``, L2 flushed
+before each layer step by default). Every layer step's output is checked against the torch
+reference on the logical KV; a point beyond tolerance is recorded with ``status=incorrect``.
+Warm-up steps are run and checked but excluded from the numbers.
+"""
+from __future__ import annotations
+
+import logging
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+
+from backends import backend_class
+from backends.base import BackendInvalid, BackendUnavailable
+from harness import ceilings as ceilings_mod
+from harness import env, results
+from harness.selection import PatternParams, Trace, distinct_counts, synthesize
+from harness.timing import StageTimer, TimingStats
+from harness.validate import backends_of, check_trace
+from harness.workload import Workload, lse_error, relative_error, synthetic_seq_lens
+
+log = logging.getLogger("harness")
+
+STAGES = ("select", "indexer", "topk", "transform", "swap_in", "attention")
+COUNT_KEYS = ("hits", "misses", "tokens_loaded", "pages_loaded", "bytes_h2d")
+LSE_TOLERANCE = 0.05
+
+
+@dataclass
+class PointInputs:
+    seq_lens: np.ndarray  # int32 [steps, batch]
+    topk: np.ndarray      # int32 [steps, layers, batch, top_k]
+
+
+def make_selection(cfg) -> PointInputs:
+    """Synthetic selections, or a trace replayed (its sequence lengths replace context_len)."""
+    if cfg.selection.source == "trace":
+        tr = Trace.load(cfg.selection.path)
+        check_trace(tr.topk, tr.seq_lens, cfg, cfg.selection.path)
+        return PointInputs(tr.seq_lens.astype(np.int32), tr.topk.astype(np.int32))
+    seq_lens = synthetic_seq_lens(cfg.context_len, cfg.steps, cfg.batch_size)
+    params = PatternParams(cfg.pattern, cfg.selection.cluster_len, cfg.selection.num_sinks,
+                           cfg.selection.window)
+    topk = synthesize(params, seq_lens, cfg.num_layers, cfg.top_k, cfg.step_overlap, cfg.seed)
+    return PointInputs(seq_lens, topk)
+
+
+def base_row(cfg, wl: Optional[Workload], device: torch.device, repro: str, cfg_hash: str) -> Dict:
+    """The columns every row of this point shares (parameters, ceilings, provenance)."""
+    from harness.kv_format import row_bytes
+    row = {
+        "schema_version": results.SCHEMA_VERSION,
+        "attention_kernel": cfg.attention_kernel,
+        "model": cfg.model.name,
+        "kv_dtype": cfg.kv_dtype,
+        "kv_row_bytes": row_bytes(cfg.kv_dtype, cfg.model.d_nope, cfg.model.d_rope),
+        "page_size": cfg.page_size, "top_k": cfg.top_k, "batch_size": cfg.batch_size,
+        "context_len": int(wl.seq_lens[0].max() - 1) if wl is not None else cfg.context_len,
+        "pattern": cfg.pattern if cfg.selection.source == "synthetic" else cfg.selection.source,
+        "step_overlap": cfg.step_overlap, "selection": cfg.selection.source, "phase": "decode",
+        "steps": cfg.steps, "warmup_steps": cfg.timing.warmup_steps, "num_layers": cfg.num_layers,
+        "seed": cfg.seed, "cold_l2": cfg.timing.cold_l2, "cuda_graph": cfg.timing.cuda_graph,
+        "device": device.type, "tolerance": cfg.timing.check_tolerance,
+        "repro_command": repro, "config_hash": cfg_hash, "timestamp": env.timestamp(),
+    }
+    if cfg.selection.source == "indexer":
+        row["fuse_topk"] = cfg.selection.fuse_topk
+    row.update(ceilings_mod.measure(device).as_columns())
+    row.update(env.provenance(str(device)))
+    return row
+
+
+def backend_options(cfg, name: str) -> Dict[str, object]:
+    if name == "hisparse":
+        h = cfg.hisparse
+        return {"device_buffer_size": h.device_buffer_size if h.device_buffer_size is not None else 2 * cfg.top_k,
+                "load_granularity": h.load_granularity, "copy_engine": h.copy_engine}
+    return {}
+
+
+def _failed(name: str, status: str, err: str) -> Dict:
+    return {"backend": name, "status": status, "error": err}
+
+
+def run_backend(name: str, cfg, wl: Workload, topk_dev: torch.Tensor, device: torch.device):
+    """Runs every step and layer through one backend. Returns (row, step_rows)."""
+    opts = backend_options(cfg, name)
+    cls = backend_class(name)
+    try:
+        be = cls(wl, opts)
+    except BackendInvalid as e:
+        return _failed(name, "invalid", str(e)), []
+    except BackendUnavailable as e:
+        return _failed(name, "unavailable", str(e)), []
+    except torch.OutOfMemoryError as e:
+        return _failed(name, "oom", f"set-up does not fit: {str(e).splitlines()[0]}"), []
+    row: Dict = {"backend": name, **be.row_extras()}
+    step_rows: List[Dict] = []
+    samples: List[Dict[str, float]] = []
+    max_err, max_lse = 0.0, 0.0
+    sums = {k: 0 for k in ("tokens_selected", "pages_touched", *COUNT_KEYS)}
+    timer = StageTimer(device, cold_l2=cfg.timing.cold_l2)
+    try:
+        be.prefill()
+        for s in range(wl.steps):
+            warm = s < cfg.timing.warmup_steps
+            be.begin_step(s)
+            seq_np = wl.seq_lens[s]
+            seq_dev = torch.from_numpy(seq_np).to(device)
+            for layer in range(wl.num_layers):
+                q = wl.q(s, layer)
+                pos = topk_dev[s, layer]
+                timer.begin()
+                out, lse = be.decode_layer(s, layer, q, pos, seq_dev, timer)
+                t = timer.end()
+                counts = be.layer_counts()
+                ref_out, ref_lse = wl.reference(layer, q, pos)
+                max_err = max(max_err, relative_error(out, ref_out))
+                max_lse = max(max_lse, lse_error(lse, ref_lse))
+                tok, pages = distinct_counts(wl.topk[s, layer], wl.page_size)
+                for b in range(wl.batch_size):
+                    r = {"backend": name, "step": s, "layer": layer, "request": b, "warmup": warm,
+                         "seq_len": int(seq_np[b]), "tokens_selected": int(tok[b]),
+                         "pages_touched": int(pages[b]), "latency_us": t["total"]}
+                    r.update({f"stage_{k}_us": v for k, v in t.items() if k in ("select", "transform", "swap_in", "attention")})
+                    r.update({k: int(v[b]) for k, v in counts.items()})
+                    step_rows.append(r)
+                if not warm:
+                    samples.append(t)
+                    sums["tokens_selected"] += int(tok.sum())
+                    sums["pages_touched"] += int(pages.sum())
+                    for k in COUNT_KEYS:
+                        if k in counts:
+                            sums[k] += int(counts[k].sum())
+                        else:
+                            sums[k] = None
+    except BackendInvalid as e:
+        return {**row, "status": "invalid", "error": str(e)}, step_rows
+    except torch.OutOfMemoryError as e:
+        return {**row, "status": "oom", "error": f"out of memory while running: {str(e).splitlines()[0]}"}, step_rows
+    finally:
+        row["working_set_bytes"] = be.working_set_bytes() + index_key_bytes(wl)
+        row["host_bytes"] = be.host_bytes()
+        be.close()
+    row.update(summarize(samples, sums, wl, cfg))
+    row["max_rel_err"], row["max_lse_err"] = max_err, max_lse
+    bad = []
+    if not max_err <= cfg.timing.check_tolerance:
+        bad.append(f"max_rel_err={max_err:.3g} > tolerance {cfg.timing.check_tolerance}")
+    if not max_lse <= LSE_TOLERANCE:
+        bad.append(f"max_lse_err={max_lse:.3g} > {LSE_TOLERANCE}")
+    row["status"] = "incorrect" if bad else "ok"
+    row["error"] = "; ".join(bad) if bad else None
+    return row, step_rows
+
+
+def index_key_bytes(wl: Workload) -> int:
+    """Bytes of the lightning indexer's fp8 keys (index_dim + 4 B per token and layer): they stay
+    on the GPU in both designs."""
+    return wl.num_layers * wl.batch_size * wl.max_positions * (wl.model.index_dim + 4)
+
+
+def summarize(samples: List[Dict[str, float]], sums: Dict, wl: Workload, cfg) -> Dict:
+    """Latency statistics, per-stage medians, counts and derived rates of the measured steps."""
+    lat = TimingStats.of([t["total"] for t in samples])
+    row = {"latency_us_median": lat.median_us, "latency_us_p10": lat.p10_us,
+           "latency_us_p90": lat.p90_us, "n_samples": lat.n}
+    for st in STAGES:
+        vals = [t[st] for t in samples if st in t]
+        row[f"stage_{st}_us"] = TimingStats.of(vals).median_us if vals else float("nan")
+    row.update(sums)
+    m = wl.model
+    rb = wl.row_bytes
+    n = max(lat.n, 1)
+    row["bytes_selected"] = sums["tokens_selected"] * rb
+    # attention's minimum HBM reads: the queries, the index table and each selected row once
+    q_bytes = wl.batch_size * m.num_heads * m.d_qk * 2
+    idx_bytes = wl.batch_size * wl.top_k * 4
+    row["bytes_hbm_read"] = lat.n * (q_bytes + idx_bytes) + sums["tokens_selected"] * rb
+    valid_entries = int((wl.topk[cfg.timing.warmup_steps:] >= 0).sum())
+    row["flops"] = 2.0 * m.num_heads * valid_entries * (m.d_qk + m.d_v)
+    sec = lat.median_us * 1e-6
+    row["hbm_gbps"] = row["bytes_hbm_read"] / n / sec / 1e9 if sec > 0 else float("nan")
+    row["tflops"] = row["flops"] / n / sec / 1e12 if sec > 0 else float("nan")
+    if sums.get("bytes_h2d") is not None:
+        row["h2d_gbps"] = sums["bytes_h2d"] / n / sec / 1e9 if sec > 0 else float("nan")
+    if sums.get("hits") is not None and sums.get("misses") is not None:
+        tot = sums["hits"] + sums["misses"]
+        row["hit_rate"] = sums["hits"] / tot if tot else float("nan")
+    return row
+
+
+def run_point(cfg, device: torch.device, job_dir: Path, repro: str, cfg_hash: str) -> List[Dict]:
+    """Runs all backends of one point; writes result.parquet and steps.parquet atomically."""
+    inputs = make_selection(cfg)
+    if cfg.selection.record:
+        Trace(inputs.topk, inputs.seq_lens).save(cfg.selection.record)
+        log.info("recorded selections to %s", cfg.selection.record)
+    wl = Workload(model=cfg.model, device=device, kv_dtype=cfg.kv_dtype, page_size=cfg.page_size,
+                  seq_lens=inputs.seq_lens, topk=inputs.topk, top_k=cfg.top_k,
+                  num_layers=cfg.num_layers, seed=cfg.seed)
+    names = backends_of(cfg)
+    try:
+        wl.build()
+    except torch.OutOfMemoryError as e:
+        base = base_row(cfg, None, device, repro, cfg_hash)
+        rows = [{**base, **_failed(n, "oom", f"KV pool ({wl.kv_pool_bytes / 2**30:.1f} GiB) does not fit: "
+                                          f"{str(e).splitlines()[0]}")} for n in names]
+        results.write_results(job_dir, rows)
+        return rows
+    base = base_row(cfg, wl, device, repro, cfg_hash)
+    topk_dev = torch.from_numpy(inputs.topk).to(device)
+    rows, step_rows = [], []
+    for name in names:
+        try:
+            row, srows = run_backend(name, cfg, wl, topk_dev, device)
+        except Exception as e:  # recorded, and the sweep goes on
+            log.error("backend %s failed:\n%s", name, traceback.format_exc())
+            row, srows = _failed(name, "error", f"{type(e).__name__}: {e}"), []
+        rows.append({**base, **row})
+        step_rows += srows
+        log.info("%-16s %-9s median %9.1f us  err %.2e  %s", name, rows[-1]["status"],
+                 rows[-1].get("latency_us_median", float("nan")), rows[-1].get("max_rel_err") or float("nan"),
+                 rows[-1].get("error") or "")
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    results.write_steps(job_dir, step_rows)
+    results.write_results(job_dir, rows)
+    return rows

@@ -1,0 +1,175 @@
+"""Synthetic top-k selections and trace record/replay.
+
+A selection is ``topk [steps, layers, batch, top_k] int32`` of request-local token positions
+(0 <= p < seq_len), -1 where a request has fewer than ``top_k`` tokens, with the per-step
+sequence lengths ``seq_lens [steps, batch] int32`` (the current token included). Everything is
+deterministic from the seed: each (layer, request) has its own random stream that evolves
+across decode steps.
+
+Patterns (``pattern``):
+  random          uniform distinct positions over the whole context
+  sliding_window  the most recent ``top_k`` positions
+  prefix          the first ``top_k`` positions (attention sinks)
+  clustered       runs of ``selection.cluster_len`` consecutive positions at random starts
+  mixed           ``selection.num_sinks`` sinks + the last ``selection.window`` positions +
+                  clustered runs for the rest
+
+``step_overlap`` is the fraction of a (layer, request)'s previous selection kept at the next
+decode step (upstream reports 80-90 % between adjacent steps); the rest is drawn fresh from the
+pattern, excluding what was kept. ``sliding_window`` and ``prefix`` are fixed functions of the
+sequence length, so the knob does not apply to them. The order of positions within a row is
+shuffled, as a top-k kernel's output order carries no meaning.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+PATTERNS = ("random", "sliding_window", "prefix", "clustered", "mixed")
+DETERMINISTIC_PATTERNS = ("sliding_window", "prefix")
+
+
+@dataclass(frozen=True)
+class PatternParams:
+    pattern: str
+    cluster_len: int = 16
+    num_sinks: int = 64
+    window: int = 512
+
+
+def _first_free(free: np.ndarray, n: int, from_end: bool) -> np.ndarray:
+    idx = np.flatnonzero(free)
+    if n <= 0:
+        return idx[:0]
+    return idx[-n:][::-1] if from_end else idx[:n]
+
+
+def _random_free(rng: np.random.Generator, free: np.ndarray, n: int) -> np.ndarray:
+    idx = np.flatnonzero(free)
+    return rng.choice(idx, size=min(n, idx.size), replace=False)
+
+
+def _clustered_free(rng: np.random.Generator, free: np.ndarray, n: int, run: int) -> np.ndarray:
+    """Up to n free positions made of runs of ``run`` consecutive positions at random starts."""
+    seq_len = free.size
+    free = free.copy()
+    picked = []
+    have = 0
+    for _ in range(8):
+        if have >= n:
+            break
+        starts = rng.integers(0, max(seq_len - run + 1, 1), size=max(1, 2 * (n - have) // run + 1))
+        runs = (starts[:, None] + np.arange(run)[None, :]).reshape(-1)
+        runs = runs[runs < seq_len]
+        _, first = np.unique(runs, return_index=True)
+        runs = runs[np.sort(first)]  # keep the draw order, drop repeats
+        runs = runs[free[runs]][: n - have]
+        free[runs] = False
+        picked.append(runs)
+        have += runs.size
+    if have < n:  # a nearly full context: top up uniformly
+        extra = _random_free(rng, free, n - have)
+        picked.append(extra)
+    return np.concatenate(picked) if picked else np.empty(0, np.int64)
+
+
+def draw(rng: np.random.Generator, params: PatternParams, seq_len: int, n: int,
+         taken: Optional[np.ndarray] = None) -> np.ndarray:
+    """``n`` distinct positions in [0, seq_len) not in ``taken``, following ``params.pattern``."""
+    free = np.ones(seq_len, dtype=bool)
+    if taken is not None and taken.size:
+        free[taken] = False
+    n = min(n, int(free.sum()))
+    p = params.pattern
+    if n == 0:
+        return np.empty(0, np.int64)
+    if p == "random":
+        return _random_free(rng, free, n)
+    if p == "sliding_window":
+        return _first_free(free, n, from_end=True)
+    if p == "prefix":
+        return _first_free(free, n, from_end=False)
+    if p == "clustered":
+        return _clustered_free(rng, free, n, params.cluster_len)
+    if p == "mixed":
+        sinks = _first_free(free, min(params.num_sinks, n), from_end=False)
+        free[sinks] = False
+        window = _first_free(free, min(params.window, n - sinks.size), from_end=True)
+        free[window] = False
+        rest = _clustered_free(rng, free, n - sinks.size - window.size, params.cluster_len)
+        return np.concatenate([sinks, window, rest])
+    raise ValueError(f"pattern={p!r}: allowed {PATTERNS}")
+
+
+def synthesize(params: PatternParams, seq_lens: np.ndarray, num_layers: int, top_k: int,
+               step_overlap: float, seed: int) -> np.ndarray:
+    """Selections for every (step, layer, request): int32 [steps, layers, batch, top_k].
+
+    ``seq_lens`` int [steps, batch]. Row (s, l, b) holds min(top_k, seq_len) distinct positions
+    < seq_lens[s, b], shuffled, then -1 padding.
+    """
+    steps, batch = seq_lens.shape
+    out = np.full((steps, num_layers, batch, top_k), -1, dtype=np.int32)
+    fixed = params.pattern in DETERMINISTIC_PATTERNS
+    for layer in range(num_layers):
+        for req in range(batch):
+            rng = np.random.default_rng([seed, layer, req])
+            prev: Optional[np.ndarray] = None
+            for s in range(steps):
+                seq_len = int(seq_lens[s, req])
+                n = min(top_k, seq_len)
+                if prev is None or fixed:
+                    sel = draw(rng, params, seq_len, n)
+                else:
+                    prev = prev[prev < seq_len]
+                    keep = rng.choice(prev, size=min(int(round(step_overlap * n)), prev.size),
+                                      replace=False)
+                    sel = np.concatenate([keep, draw(rng, params, seq_len, n - keep.size, keep)])
+                sel = rng.permutation(sel)
+                out[s, layer, req, : sel.size] = sel
+                prev = sel
+    return out
+
+
+def distinct_counts(topk: np.ndarray, page_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct valid positions, distinct pages holding them) per row of ``topk [..., K]``."""
+    s = np.sort(topk, axis=-1)
+    valid = s >= 0
+    new_tok = valid.copy()
+    new_tok[..., 1:] &= s[..., 1:] != s[..., :-1]
+    pages = np.where(valid, s // page_size, -1)
+    new_page = valid.copy()
+    new_page[..., 1:] &= pages[..., 1:] != pages[..., :-1]
+    return new_tok.sum(-1), new_page.sum(-1)
+
+
+# ----------------------------------------------------------------------------- traces
+
+@dataclass
+class Trace:
+    """A recorded selection sequence: ``topk [steps, layers, batch, top_k]`` int32 and
+    ``seq_lens [steps, batch]`` int32."""
+
+    topk: np.ndarray
+    seq_lens: np.ndarray
+
+    def save(self, path: str | os.PathLike) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp.npz")
+        np.savez_compressed(tmp, topk=self.topk.astype(np.int32), seq_lens=self.seq_lens.astype(np.int32))
+        os.replace(tmp, path)
+        return path
+
+    @staticmethod
+    def load(path: str | os.PathLike) -> "Trace":
+        with np.load(path) as z:
+            missing = {"topk", "seq_lens"} - set(z.files)
+            if missing:
+                raise ValueError(f"selection.path={str(path)!r}: trace lacks arrays {sorted(missing)} "
+                                 "(needs topk [steps, layers, batch, top_k] and seq_lens [steps, batch])")
+            return Trace(topk=z["topk"], seq_lens=z["seq_lens"])

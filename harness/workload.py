@@ -1,0 +1,160 @@
+"""The workload of one configuration point: sequence lengths, paged KV pools, block tables,
+queries, selections, and the reference every run is checked against.
+
+The KV cache is a paged pool per simulated layer, ``[num_pages, page_size, row]`` (bf16 rows
+``[.., d_qk]`` or fp8_ds_mla byte rows ``[.., row_bytes]`` uint8), shared by all requests through
+a block table ``[batch, pages_per_request]`` whose pages are a random permutation (not
+contiguous, as in a long-running server). Request b's token at position p lives in global slot
+``block_table[b, p // page_size] * page_size + p % page_size``. The same logical KV (same seed)
+feeds every backend, so outputs are comparable.
+
+Decode step s (0-based) has ``seq_len = context_len + s + 1`` tokens per request (the current
+token included), so the prompt at the first step is ``context_len`` tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import numpy as np
+import torch
+
+from harness import kv_format
+from harness.config import ModelConfig
+from harness.reference import convert_req_index_to_global_index_ref, sparse_mla_decode_ref
+
+
+def synthetic_seq_lens(context_len: int, steps: int, batch_size: int) -> np.ndarray:
+    """int32 [steps, batch]: context_len + s + 1 at decode step s."""
+    return (context_len + 1 + np.arange(steps, dtype=np.int64)[:, None]
+            + np.zeros((1, batch_size), dtype=np.int64)).astype(np.int32)
+
+
+def _generator(device: torch.device, *seed: int) -> torch.Generator:
+    g = torch.Generator(device=device)
+    g.manual_seed(int(np.random.SeedSequence(list(seed)).generate_state(1)[0]))
+    return g
+
+
+@dataclass
+class Workload:
+    """Everything a backend needs for one point; built outside any timed region."""
+
+    model: ModelConfig
+    device: torch.device
+    kv_dtype: str
+    page_size: int
+    seq_lens: np.ndarray          # int32 [steps, batch]
+    topk: Optional[np.ndarray]    # int32 [steps, layers, batch, top_k] (None: indexer selects)
+    top_k: int
+    num_layers: int
+    seed: int
+    block_table: torch.Tensor = None   # int32 [batch, pages_per_request] (device)
+    kv_pools: Tuple[torch.Tensor, ...] = ()  # per layer [num_pages, page_size, row]
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.seq_lens.shape[1])
+
+    @property
+    def steps(self) -> int:
+        return int(self.seq_lens.shape[0])
+
+    @property
+    def max_positions(self) -> int:
+        return int(self.seq_lens.max())
+
+    @property
+    def pages_per_request(self) -> int:
+        return -(-self.max_positions // self.page_size)
+
+    @property
+    def num_pages(self) -> int:
+        return self.batch_size * self.pages_per_request
+
+    @property
+    def row_bytes(self) -> int:
+        return kv_format.row_bytes(self.kv_dtype, self.model.d_nope, self.model.d_rope)
+
+    @property
+    def kv_pool_bytes(self) -> int:
+        """Bytes of the paged KV pools of all simulated layers."""
+        return self.num_layers * self.num_pages * self.page_size * self.row_bytes
+
+    def build(self) -> "Workload":
+        """Allocates the block table and fills each layer's pool with seeded random KV."""
+        m, dev = self.model, self.device
+        g = _generator(dev, self.seed, 1)
+        perm = torch.randperm(self.num_pages, generator=g, device=dev).to(torch.int32)
+        self.block_table = perm.view(self.batch_size, self.pages_per_request).contiguous()
+        pools = []
+        for layer in range(self.num_layers):
+            gl = _generator(dev, self.seed, 2, layer)
+            kv = torch.randn(self.num_pages * self.page_size, m.d_qk, generator=gl, device=dev)
+            kv = kv.to(torch.bfloat16)
+            if self.kv_dtype == "fp8_ds_mla":
+                kv = kv_format.quantize_fp8_ds_mla(kv)
+            pools.append(kv.view(self.num_pages, self.page_size, -1))
+            del kv
+        self.kv_pools = tuple(pools)
+        return self
+
+    def kv_flat(self, layer: int) -> torch.Tensor:
+        """Layer's pool as flat rows [num_slots, row] (what the attention kernel takes)."""
+        pool = self.kv_pools[layer]
+        return pool.view(-1, pool.shape[-1])
+
+    def q(self, step: int, layer: int) -> torch.Tensor:
+        """Seeded random query bf16 [batch, num_heads, d_qk] of (step, layer)."""
+        g = _generator(self.device, self.seed, 3, step, layer)
+        return torch.randn(self.batch_size, self.model.num_heads, self.model.d_qk, generator=g,
+                           device=self.device).to(torch.bfloat16)
+
+    def request_ids(self) -> torch.Tensor:
+        return torch.arange(self.batch_size, dtype=torch.int32, device=self.device)
+
+    def global_slots_ref(self, positions: torch.Tensor) -> torch.Tensor:
+        """Request-local positions int32 [batch, K] -> global slots (torch reference)."""
+        return convert_req_index_to_global_index_ref(self.request_ids(), self.block_table,
+                                                      positions, self.page_size)
+
+    def rows_by_position(self, layer: int, request: int, n: int) -> torch.Tensor:
+        """The first ``n`` KV rows of ``request`` in position order, as bytes uint8 [n, row_bytes]."""
+        pos = torch.arange(n, device=self.device, dtype=torch.int64)
+        slots = self.block_table[request].long()[pos // self.page_size] * self.page_size + pos % self.page_size
+        rows = self.kv_flat(layer)[slots]
+        return rows.contiguous().view(torch.uint8).view(n, self.row_bytes)
+
+    def reference(self, layer: int, q: torch.Tensor, positions: torch.Tensor):
+        """Reference (out float32 [B, H, d_v], lse float32 [B, H]) over the selected positions.
+
+        Gathers only the selected rows (so the check costs O(B * K), not O(pool)) and runs the
+        plain-torch reference on them.
+        """
+        slots = self.global_slots_ref(positions).long()
+        valid = slots >= 0
+        rows = self.kv_flat(layer)[slots.clamp_min(0).view(-1)]
+        b, k = positions.shape
+        compact = torch.arange(b * k, device=self.device, dtype=torch.int32).view(b, k)
+        compact = torch.where(valid, compact, torch.full_like(compact, -1))
+        return sparse_mla_decode_ref(q, rows, compact, self.model.sm_scale, d_v=self.model.d_v)
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in float64 (0 when both are 0)."""
+    o, r = out.double(), ref.double()
+    den = r.norm().item()
+    num = (o - r).norm().item()
+    if den == 0.0:
+        return 0.0 if num == 0.0 else float("inf")
+    return num / den
+
+
+def lse_error(lse: torch.Tensor, ref: torch.Tensor) -> float:
+    """Max |lse - ref| over rows with a finite reference; inf if the +inf rows disagree."""
+    finite = torch.isfinite(ref)
+    if not torch.equal(torch.isfinite(lse), finite) and not torch.equal(lse[~finite], ref[~finite]):
+        return float("inf")
+    if finite.any():
+        return (lse[finite].double() - ref[finite].double()).abs().max().item()
+    return 0.0
