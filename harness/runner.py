@@ -17,10 +17,13 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
+from omegaconf import OmegaConf
+
 from backends import backend_class
 from backends.base import BackendInvalid, BackendUnavailable
 from harness import ceilings as ceilings_mod
 from harness import env, results
+from harness.config import ModelConfig
 from harness.selection import PatternParams, Trace, distinct_counts, synthesize
 from harness.timing import StageTimer, TimingStats
 from harness.validate import backends_of, check_trace
@@ -203,7 +206,8 @@ def run_point(cfg, device: torch.device, job_dir: Path, repro: str, cfg_hash: st
     if cfg.selection.record:
         Trace(inputs.topk, inputs.seq_lens).save(cfg.selection.record)
         log.info("recorded selections to %s", cfg.selection.record)
-    wl = Workload(model=cfg.model, device=device, kv_dtype=cfg.kv_dtype, page_size=cfg.page_size,
+    model = ModelConfig(**OmegaConf.to_container(cfg.model, resolve=True))
+    wl = Workload(model=model, device=device, kv_dtype=cfg.kv_dtype, page_size=cfg.page_size,
                   seq_lens=inputs.seq_lens, topk=inputs.topk, top_k=cfg.top_k,
                   num_layers=cfg.num_layers, seed=cfg.seed)
     names = backends_of(cfg)

@@ -93,7 +93,7 @@ class Workload:
             kv = torch.randn(self.num_pages * self.page_size, m.d_qk, generator=gl, device=dev)
             kv = kv.to(torch.bfloat16)
             if self.kv_dtype == "fp8_ds_mla":
-                kv = kv_format.quantize_fp8_ds_mla(kv)
+                kv = kv_format.quantize_fp8_ds_mla(kv, d_nope=m.d_nope)
             pools.append(kv.view(self.num_pages, self.page_size, -1))
             del kv
         self.kv_pools = tuple(pools)

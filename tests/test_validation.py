@@ -1,0 +1,68 @@
+"""Bad input stops before any kernel runs with one message naming the field and what is allowed."""
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.selection import Trace
+from harness.validate import ConfigError, check_value
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("page_size", 48, "power of two"),
+    ("page_size", 0, "power of two"),
+    ("top_k", 0, ">= 1"),
+    ("batch_size", -3, ">= 1"),
+    ("pattern", "zipf", "random, sliding_window, prefix, clustered, mixed"),
+    ("backend", "flashinfer", "flashmla_sparse, hisparse, all"),
+    ("kv_dtype", "fp16", "bf16, fp8_ds_mla"),
+    ("step_overlap", 1.5, "[0, 1]"),
+])
+def test_check_value_names_field_and_allowed(field, value, needle):
+    with pytest.raises(ConfigError) as e:
+        check_value(field, value)
+    assert f"{field}={value!r}" in str(e.value) and needle in str(e.value)
+
+
+@pytest.mark.parametrize("field,value", [("page_size", 256), ("top_k", 1), ("pattern", "mixed"),
+                                         ("backend", "all"), ("step_overlap", 0.0)])
+def test_check_value_accepts_valid(field, value):
+    check_value(field, value)
+
+
+def _run(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_cli_rejects_bad_page_size_without_running(tmp_path):
+    r = _run("page_size=48", f"hydra.run.dir={tmp_path}/run")
+    assert r.returncode == 2
+    assert "page_size=48" in r.stderr and "power of two" in r.stderr
+    assert not (tmp_path / "run" / "result.parquet").exists()
+
+
+def test_sweep_rejected_before_any_job(tmp_path):
+    r = _run("-m", "top_k=16,0", "page_size=16", f"hydra.sweep.dir={tmp_path}/sw")
+    assert r.returncode == 2
+    assert "top_k=0" in r.stderr and "sweep rejected before any job ran" in r.stderr
+    assert not list((tmp_path).rglob("result.parquet"))
+
+
+def test_trace_shape_mismatch(tmp_path):
+    topk = np.zeros((3, 2, 2, 8), np.int32)
+    seq = np.full((3, 2), 100, np.int32)
+    path = Trace(topk, seq).save(tmp_path / "t.npz")
+    r = _run("selection=trace", f"selection.path={path}", "steps=4", "num_layers=2", "batch_size=2",
+             "top_k=8", f"hydra.run.dir={tmp_path}/run")
+    assert r.returncode == 2
+    assert "selection.path" in r.stderr and "[steps, num_layers, batch_size, top_k] = [4, 2, 2, 8]" in r.stderr
+
+
+def test_hisparse_buffer_smaller_than_top_k(tmp_path):
+    r = _run("backend=hisparse", "top_k=64", "hisparse.device_buffer_size=32", f"hydra.run.dir={tmp_path}/run")
+    assert r.returncode == 2 and "hisparse.device_buffer_size=32" in r.stderr and ">= top_k (64)" in r.stderr
