@@ -11,9 +11,9 @@ from typing import Dict, Tuple
 
 import torch
 
+from backends.attention import resolve_attention
 from backends.base import Backend
 from backends.kernels.index_convert import convert_req_index_to_global_index
-from backends.kernels.sparse_mla_decode import sparse_mla_decode
 from harness.timing import StageTimer
 from harness.workload import Workload
 
@@ -25,13 +25,16 @@ class FlashMLASparseBackend(Backend):
     def __init__(self, workload: Workload, options: Dict[str, object]):
         super().__init__(workload, options)
         self.req_ids = workload.request_ids()
+        m = workload.model
+        self.attention = resolve_attention(str(options.get("attention_kernel", "triton")), workload.device,
+                                           m.num_heads, m.d_qk, m.d_v, workload.kv_flat(0))
 
     def decode_layer(self, step: int, layer: int, q: torch.Tensor, positions: torch.Tensor,
                      seq_lens: torch.Tensor, timer: StageTimer) -> Tuple[torch.Tensor, torch.Tensor]:
         wl = self.wl
         slots = timer.run("transform", lambda: convert_req_index_to_global_index(
             self.req_ids, wl.block_table, positions, wl.page_size))
-        return timer.run("attention", lambda: sparse_mla_decode(
+        return timer.run("attention", lambda: self.attention(
             q, wl.kv_flat(layer), slots, wl.model.sm_scale, d_v=wl.model.d_v))
 
     def working_set_bytes(self) -> int:

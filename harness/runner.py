@@ -81,11 +81,12 @@ def base_row(cfg, wl: Optional[Workload], device: torch.device, repro: str, cfg_
 
 
 def backend_options(cfg, name: str) -> Dict[str, object]:
+    opts: Dict[str, object] = {"attention_kernel": cfg.attention_kernel}
     if name == "hisparse":
         h = cfg.hisparse
-        return {"device_buffer_size": h.device_buffer_size if h.device_buffer_size is not None else 2 * cfg.top_k,
-                "load_granularity": h.load_granularity, "copy_engine": h.copy_engine}
-    return {}
+        opts.update(device_buffer_size=h.device_buffer_size if h.device_buffer_size is not None else 2 * cfg.top_k,
+                    load_granularity=h.load_granularity, copy_engine=h.copy_engine)
+    return opts
 
 
 def _failed(name: str, status: str, err: str) -> Dict:

@@ -24,6 +24,10 @@ from harness.config import ModelConfig
 from harness.reference import convert_req_index_to_global_index_ref, sparse_mla_decode_ref
 
 
+#: pools hold a multiple of this many rows
+SLOT_ALIGN = 64
+
+
 def synthetic_seq_lens(context_len: int, steps: int, batch_size: int) -> np.ndarray:
     """int32 [steps, batch]: context_len + s + 1 at decode step s."""
     return (context_len + 1 + np.arange(steps, dtype=np.int64)[:, None]
@@ -70,7 +74,13 @@ class Workload:
 
     @property
     def num_pages(self) -> int:
-        return self.batch_size * self.pages_per_request
+        """Pages in the pool: the block tables' pages, rounded up so the pool has a multiple of
+        64 rows (FlashMLA's kernels view any pool in 64-row blocks); extra pages stay unused."""
+        used = self.batch_size * self.pages_per_request
+        if self.page_size >= SLOT_ALIGN:
+            return used
+        per = SLOT_ALIGN // self.page_size
+        return -(-used // per) * per
 
     @property
     def row_bytes(self) -> int:
@@ -86,7 +96,8 @@ class Workload:
         m, dev = self.model, self.device
         g = _generator(dev, self.seed, 1)
         perm = torch.randperm(self.num_pages, generator=g, device=dev).to(torch.int32)
-        self.block_table = perm.view(self.batch_size, self.pages_per_request).contiguous()
+        used = self.batch_size * self.pages_per_request
+        self.block_table = perm[:used].view(self.batch_size, self.pages_per_request).contiguous()
         pools = []
         for layer in range(self.num_layers):
             gl = _generator(dev, self.seed, 2, layer)

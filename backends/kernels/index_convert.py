@@ -32,10 +32,13 @@ def _convert_req_index_kernel(
     cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     in_k = cols < K
     req = tl.load(req_id_ptr + t)
+    # a request id outside [0, num_reqs) gets an empty block table (every entry -> -1)
     req_ok = (req >= 0) & (req < num_reqs)
+    blocks_of_req = tl.where(req_ok, max_blocks, 0)
+    req = tl.where(req_ok, req, 0)
     tok = tl.load(token_ptr + t.to(tl.int64) * stride_tok + cols, mask=in_k, other=-1)
     blk = tok // PAGE_SIZE                       # only used where tok >= 0
-    ok = (tok >= 0) & (blk < max_blocks) & req_ok
+    ok = (tok >= 0) & (blk < blocks_of_req)
     page = tl.load(block_table_ptr + req.to(tl.int64) * stride_bt + blk, mask=ok & in_k, other=-1)
     ok = ok & (page >= 0)
     slot = page * PAGE_SIZE + (tok - blk * PAGE_SIZE)

@@ -1,0 +1,36 @@
+"""The attention-kernel switch shared by every backend (``attention_kernel=triton|flashmla``).
+
+Upstream, both engines end in FlashMLA's sparse decode on a table of device slots, so one
+switch covers both backends: ``triton`` is this project's ``sparse_mla_decode``, ``flashmla``
+the upstream kernels (optional extra) behind the same signature.
+"""
+from __future__ import annotations
+
+from typing import Callable, Tuple
+
+import torch
+
+from backends.base import BackendInvalid, BackendUnavailable
+
+AttentionFn = Callable[..., Tuple[torch.Tensor, torch.Tensor]]
+
+
+def resolve_attention(name: str, device: torch.device, num_heads: int, d_qk: int, d_v: int,
+                      kv_rows: torch.Tensor) -> AttentionFn:
+    """The attention callable for ``name``; checks up front (before any timing) that the
+    kernel supports the shapes: raises BackendUnavailable / BackendInvalid otherwise."""
+    if name == "triton":
+        from backends.kernels.sparse_mla_decode import sparse_mla_decode
+        return sparse_mla_decode
+    if name == "flashmla":
+        from backends.kernels.flashmla_peer import PeerUnavailable, PeerUnsupported, check_supported, flashmla_attention
+        try:
+            fn = flashmla_attention(device)
+        except PeerUnavailable as e:
+            raise BackendUnavailable(str(e)) from e
+        try:
+            check_supported(torch.empty(1, num_heads, d_qk, device="meta"), kv_rows, d_v)
+        except PeerUnsupported as e:
+            raise BackendInvalid(str(e)) from e
+        return fn
+    raise BackendInvalid(f"attention_kernel={name!r}: allowed triton, flashmla")

@@ -1,0 +1,179 @@
+"""Copy engines of the HiSparse swap-in: move the rows of a miss plan from the host pool to the
+device hot buffers. All three leave byte-identical device pools.
+
+A *miss plan* (written on the device by ``resolve_swap_in_kernel``) is int32
+``[batch, 1 + 2*max_misses]``: ``[0]`` the number of missed units of that batch row,
+``[1 : 1+M]`` each unit's first host row, ``[1+M : 1+2M]`` its first device row; a unit is
+``unit_rows`` consecutive rows on both sides (1 in token mode, ``page_size`` in page mode).
+
+* ``uva_kernel`` (default): one Triton kernel reads the pinned host rows in place over UVA
+  (zero copy) and writes the device rows; the grid is fixed by the plan's capacity, so it needs
+  no host sync (CUDA-graph capturable).
+* ``memcpy``: reads the plan back to the host (a sync), then issues one async copy per run of
+  units contiguous on both the host and the device side (at least one per page in page mode).
+* ``staged``: reads the plan back (a sync), gathers the rows on the CPU into a pinned staging
+  buffer, copies it to the device in one transfer, then scatters the rows into their slots.
+
+Pools: ``host_layer`` uint8 ``[host_rows, row_bytes]`` (pinned CPU memory when CUDA is present),
+``device_layer`` uint8 ``[num_slots, row_bytes]`` on the device.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+import triton
+
+from backends.kernels.swap_in import copy_planned_rows_kernel, next_pow2
+
+COPY_ENGINES = ("uva_kernel", "memcpy", "staged")
+
+
+def word_view(rows: torch.Tensor) -> torch.Tensor:
+    """Views uint8 rows ``[n, row_bytes]`` as the widest integer words dividing ``row_bytes``."""
+    row_bytes = rows.shape[-1]
+    for dtype, size in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):
+        if row_bytes % size == 0:
+            return rows.view(dtype)
+    return rows
+
+
+def _check_pools(host_layer: torch.Tensor, device_layer: torch.Tensor) -> None:
+    for name, t in (("host_layer", host_layer), ("device_layer", device_layer)):
+        if t.dtype != torch.uint8 or t.dim() != 2 or not t.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous uint8 [rows, row_bytes] tensor, "
+                             f"got {t.dtype} {tuple(t.shape)}")
+    if host_layer.shape[1] != device_layer.shape[1]:
+        raise ValueError(f"host_layer and device_layer rows differ: {host_layer.shape[1]} vs "
+                         f"{device_layer.shape[1]} bytes")
+
+
+class CopyEngine:
+    """Copies the rows named by a miss plan from ``host_layer`` into ``device_layer``."""
+
+    name = "base"
+    needs_host_sync = True
+
+    def copy(self, host_layer: torch.Tensor, device_layer: torch.Tensor, plan: torch.Tensor,
+             batch: int, unit_rows: int) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def _plan_on_host(plan: torch.Tensor, batch: int):
+        """(counts [B], src [B, M], dst [B, M]) as numpy int64 arrays (synchronises)."""
+        p = plan[:batch].cpu().numpy().astype(np.int64)
+        m = (p.shape[1] - 1) // 2
+        return p[:, 0], p[:, 1:1 + m], p[:, 1 + m:1 + 2 * m]
+
+    @staticmethod
+    def _expand_rows(counts, src, dst, unit_rows: int):
+        """Flat host rows and device rows of every copied row, in plan order (numpy int64)."""
+        s = np.concatenate([src[b, :counts[b]] for b in range(len(counts))]) if len(counts) else \
+            np.zeros(0, np.int64)
+        d = np.concatenate([dst[b, :counts[b]] for b in range(len(counts))]) if len(counts) else \
+            np.zeros(0, np.int64)
+        k = np.arange(unit_rows, dtype=np.int64)
+        return (s[:, None] + k).reshape(-1), (d[:, None] + k).reshape(-1)
+
+
+class UvaKernelEngine(CopyEngine):
+    """Zero-copy Triton gather from mapped pinned host memory; no host sync.
+
+    ``rows_per_program``: rows each program has in flight (a [rows, words] tile).
+    """
+
+    name = "uva_kernel"
+    needs_host_sync = False
+
+    def __init__(self, rows_per_program: int = 4, num_warps: int = 4):
+        if rows_per_program < 1 or rows_per_program & (rows_per_program - 1):
+            raise ValueError(f"rows_per_program must be a power of two >= 1, got {rows_per_program}")
+        self.rows_per_program = rows_per_program
+        self.num_warps = num_warps
+
+    def copy(self, host_layer, device_layer, plan, batch, unit_rows):
+        if batch == 0:
+            return
+        src = word_view(host_layer)
+        dst = word_view(device_layer)
+        words = src.shape[1]
+        max_misses = (plan.shape[1] - 1) // 2
+        grid = (batch, triton.cdiv(max_misses * unit_rows, self.rows_per_program))
+        copy_planned_rows_kernel[grid](
+            src, dst, plan, plan.stride(0), max_misses,
+            UNIT_ROWS=unit_rows, WORDS=words, WORD_BLOCK=next_pow2(words),
+            ROWS=self.rows_per_program, num_warps=self.num_warps)
+
+
+class MemcpyEngine(CopyEngine):
+    """One async copy per run of units contiguous on the host and on the device."""
+
+    name = "memcpy"
+
+    def copy(self, host_layer, device_layer, plan, batch, unit_rows):
+        counts, src, dst = self._plan_on_host(plan, batch)
+        for b in range(batch):
+            n = int(counts[b])
+            if n == 0:
+                continue
+            s, d = src[b, :n], dst[b, :n]
+            breaks = np.nonzero((np.diff(s) != unit_rows) | (np.diff(d) != unit_rows))[0] + 1
+            starts = np.concatenate([[0], breaks])
+            ends = np.concatenate([breaks, [n]])
+            for a, e in zip(starts.tolist(), ends.tolist()):
+                hs, ds, nr = int(s[a]), int(d[a]), (e - a) * unit_rows
+                device_layer[ds:ds + nr].copy_(host_layer[hs:hs + nr], non_blocking=True)
+
+
+class StagedEngine(CopyEngine):
+    """CPU gather into a pinned staging buffer, one host->device copy, device-side scatter.
+
+    ``capacity_rows``: the most rows one call moves (batch * max_misses * unit_rows).
+    The staging buffer is reused: before the CPU overwrites it, the previous call's transfer is
+    waited for (an event), so an in-flight copy never reads half-rewritten rows.
+    """
+
+    name = "staged"
+
+    def __init__(self, capacity_rows: int, row_bytes: int, device: torch.device):
+        self.device = torch.device(device)
+        pin = self.device.type == "cuda"
+        self.staging = torch.empty((capacity_rows, row_bytes), dtype=torch.uint8, pin_memory=pin)
+        self.dst_rows = torch.empty(capacity_rows, dtype=torch.int64, pin_memory=pin)
+        self.staging_dev = torch.empty((capacity_rows, row_bytes), dtype=torch.uint8,
+                                       device=self.device)
+        self.dst_rows_dev = torch.empty(capacity_rows, dtype=torch.int64, device=self.device)
+        self._done: Optional[torch.cuda.Event] = None
+
+    def copy(self, host_layer, device_layer, plan, batch, unit_rows):
+        counts, src, dst = self._plan_on_host(plan, batch)
+        s, d = self._expand_rows(counts, src, dst, unit_rows)
+        n = len(s)
+        if n == 0:
+            return
+        if n > self.staging.shape[0]:
+            raise ValueError(f"staged copy of {n} rows exceeds the staging capacity "
+                             f"{self.staging.shape[0]}")
+        if self._done is not None:
+            self._done.synchronize()
+        torch.index_select(host_layer, 0, torch.from_numpy(s), out=self.staging[:n])
+        self.dst_rows[:n].copy_(torch.from_numpy(d))
+        self.staging_dev[:n].copy_(self.staging[:n], non_blocking=True)
+        self.dst_rows_dev[:n].copy_(self.dst_rows[:n], non_blocking=True)
+        if self.device.type == "cuda":
+            self._done = torch.cuda.Event()
+            self._done.record()
+        device_layer.index_copy_(0, self.dst_rows_dev[:n], self.staging_dev[:n])
+
+
+def make_copy_engine(name: str, *, capacity_rows: int, row_bytes: int,
+                     device: torch.device) -> CopyEngine:
+    """The copy engine called ``name`` (one of ``COPY_ENGINES``)."""
+    if name == "uva_kernel":
+        return UvaKernelEngine()
+    if name == "memcpy":
+        return MemcpyEngine()
+    if name == "staged":
+        return StagedEngine(capacity_rows, row_bytes, device)
+    raise ValueError(f"copy_engine must be one of {COPY_ENGINES}, got {name!r}")

@@ -1,0 +1,433 @@
+"""Triton sparse MLA decode (DeepSeek-V3.2 DSA): MQA attention over top-k gathered KV rows.
+
+Semantics (plain torch version: ``harness.reference.sparse_mla_decode_ref``): for each batch
+row ``b`` and query head ``h``,
+
+    s_j   = sm_scale * q[b, h, :] . kv[indices[b, j], :d_qk]     for valid j
+    out   = sum_j softmax(s)_j * kv[indices[b, j], :d_v]          (bf16)
+    lse   = log(sum_j exp(s_j))                                   (float32, natural log)
+
+An index outside ``[0, num_slots)`` (in practice -1) is masked; duplicates count as many times
+as they appear; a row with no valid index gives ``out = 0`` and ``lse = +inf``. There is one
+latent KV head shared by all query heads (MQA), and V is the first ``d_v`` dims of each row.
+
+Design
+------
+* One program = one batch row x one block of ``block_h`` query heads x one split of the
+  top-k list. It keeps ``q`` for its heads on chip, walks its share of the top-k list in tiles
+  of ``block_n`` tokens, gathers each KV tile once and uses it twice: as K for
+  ``S = q k^T`` (two ``tl.dot``: the NoPE/V part and the rope part) and as V for
+  ``acc += P V``, with a base-2 online softmax in float32.
+* ``fp8_ds_mla`` rows are dequantized inside the kernel, right after the gather: the fp8
+  bytes are reinterpreted as float8e4nv, widened, multiplied by their tile's fp32 scale
+  (each 128 values share one scale, broadcast through a reshape to
+  ``[block_n, d_v/128, 128]``) and rounded to the MMA operand type; the rope part is read as
+  bf16 from the same row. The fp8 row is read through typed views of one uint8 buffer, so
+  the kernel needs no pointer casts.
+* Flash-decoding: the top-k list is cut into ``num_splits`` contiguous chunks of tiles so a
+  small batch still fills the GPU. With one split the kernel writes ``out``/``lse`` directly;
+  with more it writes per-split float32 ``(o / l, lse)`` and a combine kernel merges them.
+  The number of splits comes from a wave model (:func:`choose_num_splits`).
+* MMA operands are bf16 on the GPU (as FlashMLA). The Triton interpreter cannot multiply
+  bf16 operands in ``tl.dot`` (triton-lang/triton#11584: it multiplies the raw uint16 bit
+  patterns), so under ``TRITON_INTERPRET=1`` the same kernel is instantiated with fp16
+  operands (``mma_dtype``); every other step is the same code. fp16 has more mantissa than
+  bf16, but less range: use it on the GPU only for data whose magnitudes stay below 65504.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from harness.kv_format import FP8_TILE, fp8_ds_mla_offsets, kv_dtype_of, row_bytes
+
+__all__ = ["sparse_mla_decode", "choose_num_splits", "DEFAULT_NUM_SMS"]
+
+#: multiprocessors of an H200; used to plan splits when the tensors are not on a GPU
+DEFAULT_NUM_SMS = 132
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _sparse_mla_decode_fwd(
+    q_ptr, stride_qb, stride_qh,            # q [B, H, D_QK] bf16, unit last-dim stride
+    kv_ptr, stride_kv,                      # bf16 rows [N, D_QK], or fp8_ds_mla bytes [N, RB] uint8
+    scale_ptr, stride_scale, scale_off,     # fp8: float32 view of the rows; scales at [scale_off, +D_V/128)
+    rope_ptr, stride_rope, rope_off,        # rope values: bf16 view of the rows, starting at rope_off
+    idx_ptr, stride_ib,                     # indices [B, K] int32, unit last-dim stride
+    out_ptr, stride_ob, stride_oh,          # out [B, H, D_V] bf16          (NUM_SPLITS == 1)
+    lse_ptr, stride_lb,                     # lse [B, H] fp32               (NUM_SPLITS == 1)
+    part_o_ptr, part_lse_ptr,               # [B, H, S, D_V] / [B, H, S] fp32 (NUM_SPLITS > 1)
+    H, K, num_slots, num_splits, tiles_per_split, num_head_blocks,
+    qk_scale_log2,                          # sm_scale * log2(e)
+    D_V: tl.constexpr, D_V_PAD: tl.constexpr,
+    D_ROPE: tl.constexpr, D_ROPE_PAD: tl.constexpr,
+    G: tl.constexpr,                        # fp8 scale tiles per padded row: D_V_PAD // 128
+    IS_FP8: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    MMA_DTYPE: tl.constexpr,
+):
+    # program -> (head block, split, batch row); head blocks of one (row, split) are adjacent in
+    # launch order so the KV rows they all gather are read from HBM once and then hit in L2.
+    pid = tl.program_id(0)
+    hb = pid % num_head_blocks
+    rest = pid // num_head_blocks
+    split = rest % num_splits
+    b = rest // num_splits
+
+    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_ok = offs_h < H
+    offs_v = tl.arange(0, D_V_PAD)
+    offs_r = tl.arange(0, D_ROPE_PAD)
+
+    q_row = q_ptr + b.to(tl.int64) * stride_qb + offs_h[:, None].to(tl.int64) * stride_qh
+    if D_V_PAD == D_V:
+        q_nope = tl.load(q_row + offs_v[None, :], mask=h_ok[:, None], other=0.0)
+    else:
+        q_nope = tl.load(q_row + offs_v[None, :], mask=h_ok[:, None] & (offs_v[None, :] < D_V), other=0.0)
+    q_nope = q_nope.to(MMA_DTYPE)
+    if D_ROPE > 0:
+        q_rope = tl.load(q_row + D_V + offs_r[None, :],
+                         mask=h_ok[:, None] & (offs_r[None, :] < D_ROPE), other=0.0).to(MMA_DTYPE)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, D_V_PAD], dtype=tl.float32)
+
+    n_tiles = tl.cdiv(K, BLOCK_N)
+    t_begin = split * tiles_per_split
+    t_end = tl.minimum(t_begin + tiles_per_split, n_tiles)
+    idx_row = idx_ptr + b.to(tl.int64) * stride_ib
+    for t in range(t_begin, t_end):
+        offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
+        idx = tl.load(idx_row + offs_n, mask=offs_n < K, other=-1)
+        valid = (idx >= 0) & (idx < num_slots)
+        row = tl.where(valid, idx, 0).to(tl.int64)
+
+        # ---- gather the KV tile: [BLOCK_N, D_V_PAD] (K-NoPE and V) + [BLOCK_N, D_ROPE_PAD] ----
+        if D_V_PAD == D_V:
+            kv_mask = valid[:, None]
+        else:
+            kv_mask = valid[:, None] & (offs_v[None, :] < D_V)
+        if IS_FP8:
+            raw = tl.load(kv_ptr + row[:, None] * stride_kv + offs_v[None, :], mask=kv_mask, other=0)
+            vals = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+            offs_g = tl.arange(0, G)
+            sc = tl.load(scale_ptr + row[:, None] * stride_scale + scale_off + offs_g[None, :],
+                         mask=valid[:, None] & (offs_g[None, :] < D_V // 128), other=0.0)
+            vals = tl.reshape(vals, [BLOCK_N, G, 128]) * sc[:, :, None]
+            kv = tl.reshape(vals, [BLOCK_N, D_V_PAD]).to(MMA_DTYPE)
+        else:
+            kv = tl.load(kv_ptr + row[:, None] * stride_kv + offs_v[None, :], mask=kv_mask,
+                         other=0.0).to(MMA_DTYPE)
+
+        s = tl.dot(q_nope, tl.trans(kv))
+        if D_ROPE > 0:
+            k_rope = tl.load(rope_ptr + row[:, None] * stride_rope + rope_off + offs_r[None, :],
+                             mask=valid[:, None] & (offs_r[None, :] < D_ROPE), other=0.0)
+            s = tl.dot(q_rope, tl.trans(k_rope.to(MMA_DTYPE)), acc=s)
+
+        # ---- online softmax (base 2) ----
+        s = tl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)   # no valid key yet: keep p = 0
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(MMA_DTYPE), kv, acc=acc)
+        m_i = m_new
+
+    has = l_i > 0.0
+    l_safe = tl.where(has, l_i, 1.0)
+    o = acc / l_safe[:, None]
+    lse2 = m_i + tl.log2(l_safe)                               # base-2 log-sum-exp
+    if SPLIT:
+        # partial results of this split: normalised o and its natural-log lse (-inf if empty)
+        bh = (b * H + offs_h).to(tl.int64)
+        part_row = (bh * num_splits + split)
+        tl.store(part_o_ptr + part_row[:, None] * D_V + offs_v[None, :], o,
+                 mask=h_ok[:, None] & (offs_v[None, :] < D_V))
+        tl.store(part_lse_ptr + part_row, tl.where(has, lse2 * 0.6931471805599453, float("-inf")),
+                 mask=h_ok)
+    else:
+        o_row = out_ptr + b.to(tl.int64) * stride_ob + offs_h[:, None].to(tl.int64) * stride_oh
+        tl.store(o_row + offs_v[None, :], o.to(out_ptr.dtype.element_ty),
+                 mask=h_ok[:, None] & (offs_v[None, :] < D_V))
+        tl.store(lse_ptr + b.to(tl.int64) * stride_lb + offs_h,
+                 tl.where(has, lse2 * 0.6931471805599453, float("inf")), mask=h_ok)
+
+
+@triton.jit
+def _sparse_mla_decode_combine(
+    part_o_ptr, part_lse_ptr,               # [B, H, S, D_V] / [B, H, S] fp32
+    out_ptr, stride_ob, stride_oh,          # out [B, H, D_V] bf16
+    lse_ptr, stride_lb,                     # lse [B, H] fp32
+    H, num_splits,
+    D_V: tl.constexpr, D_V_PAD: tl.constexpr, S_PAD: tl.constexpr,
+):
+    pid = tl.program_id(0)                  # = b * H + h
+    b = pid // H
+    h = pid % H
+    base = pid.to(tl.int64) * num_splits
+    offs_s = tl.arange(0, S_PAD)
+    lse_s = tl.load(part_lse_ptr + base + offs_s, mask=offs_s < num_splits, other=float("-inf"))
+    m = tl.max(lse_s, 0)
+    m_use = tl.where(m == float("-inf"), 0.0, m)
+    total = tl.sum(tl.exp(lse_s - m_use), 0)
+    offs_v = tl.arange(0, D_V_PAD)
+    acc = tl.zeros([D_V_PAD], dtype=tl.float32)
+    for s in range(num_splits):
+        w = tl.exp(tl.load(part_lse_ptr + base + s) - m_use)
+        o = tl.load(part_o_ptr + (base + s) * D_V + offs_v, mask=offs_v < D_V, other=0.0)
+        acc += w * o
+    has = total > 0.0
+    out = acc / tl.where(has, total, 1.0)
+    tl.store(out_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + offs_v,
+             out.to(out_ptr.dtype.element_ty), mask=offs_v < D_V)
+    tl.store(lse_ptr + b.to(tl.int64) * stride_lb + h,
+             tl.where(has, m_use + tl.log(tl.where(has, total, 1.0)), float("inf")))
+
+
+def choose_num_splits(batch: int, num_heads: int, top_k: int, *, block_h: int = 64,
+                      block_n: int = 64, num_sms: int = DEFAULT_NUM_SMS, d_v: int = 512,
+                      max_splits: int = 64) -> int:
+    """Number of top-k splits that minimises a simple wave model of the decode.
+
+    The main kernel runs ``batch * ceil(num_heads / block_h) * s`` programs, about one per
+    multiprocessor at a time (it holds a ``[block_h, d_v]`` float32 accumulator and large
+    shared-memory tiles); each program costs ``ceil(n_tiles / s)`` KV tiles plus a fixed
+    prologue/epilogue of about 1.5 tiles (loading q, writing out). The run time is then
+    ``waves * per-program cost``. Splitting adds the combine: about 1.5 tiles of launch cost
+    plus writing and re-reading the float32 partials (``batch * heads * s * d_v * 8`` bytes),
+    priced with a tile at ~3.9 us (a 64x64-head x 64-token tile at ~2.3 TFLOP/s per SM) and
+    HBM at ~4 TB/s. Ties go to fewer splits.
+
+    Args:
+        batch, num_heads, top_k: problem size (``top_k`` = columns of ``indices``).
+        block_h, block_n: the kernel's head block and token tile.
+        num_sms: multiprocessors of the device (132 on the H200).
+        d_v: V width (sizes the partials).
+        max_splits: upper bound on the result.
+
+    Returns:
+        An int in ``[1, min(max_splits, ceil(top_k / block_n))]``.
+    """
+    for name, v in (("batch", batch), ("num_heads", num_heads), ("top_k", top_k),
+                    ("block_h", block_h), ("block_n", block_n), ("num_sms", num_sms),
+                    ("d_v", d_v), ("max_splits", max_splits)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+    n_tiles = triton.cdiv(top_k, block_n)
+    base = batch * triton.cdiv(num_heads, block_h)
+    tile_us = 3.9 * (block_h / 64.0) * (block_n / 64.0)
+    best, best_cost = 1, math.inf
+    for s in range(1, min(max_splits, n_tiles) + 1):
+        tps = triton.cdiv(n_tiles, s)
+        s_eff = triton.cdiv(n_tiles, tps)
+        if s_eff != s:
+            continue                      # same work cut as a smaller s
+        waves = triton.cdiv(base * s, num_sms)
+        cost = waves * (tps + 1.5) * tile_us
+        if s > 1:
+            partial_bytes = batch * num_heads * s * d_v * 8
+            cost += 1.5 * tile_us + partial_bytes / 4.0e6   # bytes / (4 TB/s) in us
+        if cost < best_cost - 1e-9:
+            best, best_cost = s, cost
+    return best
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _is_pow2(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x > 0 and (x & (x - 1)) == 0
+
+
+def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor,
+                      sm_scale: float, d_v: int = 512, *,
+                      block_h: Optional[int] = None, block_n: int = 64, num_warps: int = 8,
+                      num_stages: int = 2, num_splits: Optional[int] = None,
+                      mma_dtype: Optional[torch.dtype] = None,
+                      num_sms: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Sparse MQA decode over top-k gathered KV rows (Triton, flash-decoding).
+
+    Args:
+        q: ``[B, H, d_qk]`` torch.bfloat16 absorbed queries (NoPE part first, then rope),
+            unit last-dim stride.
+        kv_cache: flat KV rows ``[num_slots, d_qk]`` torch.bfloat16, or
+            ``[num_slots, row_bytes]`` torch.uint8 ``fp8_ds_mla`` rows with
+            ``d_nope = d_v`` (multiple of 128) and ``d_rope = d_qk - d_v``
+            (see ``harness.kv_format``); unit last-dim stride. A paged cache is passed as
+            ``cache.view(-1, row)``.
+        indices: ``[B, K]`` torch.int32 global slot ids; entries outside
+            ``[0, num_slots)`` (e.g. -1) are masked; duplicates are attended as often as they
+            appear. Unit last-dim stride.
+        sm_scale: softmax scale (finite float > 0) applied to ``q . k``.
+        d_v: V width; V = the first ``d_v`` dims of each KV row.
+        block_h: query heads per program (power of two >= 16); default 64, or the next power
+            of two >= H (at least 16) when H < 64.
+        block_n: top-k tokens per KV tile (power of two >= 16).
+        num_warps, num_stages: Triton launch parameters of the main kernel.
+        num_splits: top-k splits (flash-decoding); default :func:`choose_num_splits`.
+        mma_dtype: MMA operand type, torch.bfloat16 or torch.float16; default bf16 on the
+            GPU and fp16 under the Triton interpreter (see the module doc).
+        num_sms: multiprocessors used by the split heuristic; default the device's (132 when
+            not on a GPU).
+
+    Returns:
+        ``out [B, H, d_v]`` torch.bfloat16 and ``lse [B, H]`` torch.float32 (natural log of
+        ``sum exp(sm_scale * q . k)`` over valid indices; ``+inf`` and ``out = 0`` for a row
+        with no valid index), both contiguous on ``q``'s device.
+    """
+    # ---------------- boundary validation (before any launch) ----------------
+    if not isinstance(q, torch.Tensor) or q.dtype != torch.bfloat16 or q.dim() != 3:
+        raise ValueError("q must be a 3-D torch.bfloat16 tensor [B, H, d_qk], got "
+                         f"{getattr(q, 'dtype', type(q).__name__)} {tuple(getattr(q, 'shape', ()))}")
+    if q.stride(-1) != 1:
+        raise ValueError(f"q must have a unit last-dim stride, got strides {tuple(q.stride())}")
+    bsz, num_heads, d_qk = q.shape
+    if bsz < 1 or num_heads < 1:
+        raise ValueError(f"q must have B >= 1 and H >= 1, got shape {tuple(q.shape)}")
+    if not isinstance(d_v, int) or isinstance(d_v, bool) or not 16 <= d_v <= d_qk:
+        raise ValueError(f"d_v must be an int in [16, d_qk={d_qk}], got {d_v!r}")
+    d_rope = d_qk - d_v
+    kind = kv_dtype_of(kv_cache)     # ValueError for other dtypes
+    if kv_cache.dim() != 2:
+        raise ValueError(f"kv_cache must be 2-D flat rows [num_slots, row], got shape "
+                         f"{tuple(kv_cache.shape)}")
+    if kv_cache.stride(-1) != 1:
+        raise ValueError(f"kv_cache must have a unit last-dim stride, got {tuple(kv_cache.stride())}")
+    if kind == "bf16":
+        if kv_cache.shape[1] != d_qk:
+            raise ValueError(f"bf16 kv_cache rows must have d_qk={d_qk} values, got {kv_cache.shape[1]}")
+    else:
+        if d_v % FP8_TILE != 0 or d_rope % 2 != 0:
+            raise ValueError(f"fp8_ds_mla kv_cache needs d_v (= d_nope) a multiple of {FP8_TILE} and "
+                             f"an even d_rope = d_qk - d_v; got d_v={d_v}, d_rope={d_rope}")
+        rb = row_bytes("fp8_ds_mla", d_v, d_rope)
+        if kv_cache.shape[1] != rb:
+            raise ValueError(f"fp8_ds_mla kv_cache rows must be {rb} bytes for d_nope={d_v}, "
+                             f"d_rope={d_rope}, got {kv_cache.shape[1]}")
+        if kv_cache.stride(0) % 4 != 0:
+            raise ValueError(f"fp8_ds_mla kv_cache row stride must be a multiple of 4 bytes, got "
+                             f"{kv_cache.stride(0)}")
+    num_slots = kv_cache.shape[0]
+    if num_slots >= 2 ** 31:
+        raise ValueError(f"kv_cache has {num_slots} rows; int32 indices address at most 2**31 - 1")
+    if not isinstance(indices, torch.Tensor) or indices.dtype != torch.int32 or indices.dim() != 2:
+        raise ValueError("indices must be a 2-D torch.int32 tensor [B, K], got "
+                         f"{getattr(indices, 'dtype', type(indices).__name__)} "
+                         f"{tuple(getattr(indices, 'shape', ()))}")
+    if indices.shape[0] != bsz:
+        raise ValueError(f"indices must have B={bsz} rows, got {indices.shape[0]}")
+    if indices.shape[1] > 0 and indices.stride(-1) != 1:
+        raise ValueError(f"indices must have a unit last-dim stride, got {tuple(indices.stride())}")
+    if not (q.device == kv_cache.device == indices.device):
+        raise ValueError(f"q, kv_cache and indices must share a device, got {q.device}, "
+                         f"{kv_cache.device}, {indices.device}")
+    if q.device.type != "cuda" and not _interpreting():
+        raise ValueError(f"tensors are on {q.device}; the Triton kernel needs a CUDA device "
+                         "(or TRITON_INTERPRET=1 for the CPU interpreter)")
+    try:
+        sm_scale = float(sm_scale)
+    except (TypeError, ValueError):
+        raise ValueError(f"sm_scale must be a float, got {sm_scale!r}") from None
+    if not math.isfinite(sm_scale) or sm_scale <= 0:
+        raise ValueError(f"sm_scale must be finite and > 0, got {sm_scale}")
+    if block_h is None:
+        block_h = 64 if num_heads >= 64 else max(16, triton.next_power_of_2(num_heads))
+    if not _is_pow2(block_h) or block_h < 16:
+        raise ValueError(f"block_h must be a power of two >= 16, got {block_h!r}")
+    if not _is_pow2(block_n) or block_n < 16:
+        raise ValueError(f"block_n must be a power of two >= 16, got {block_n!r}")
+    if num_warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"num_warps must be one of 1, 2, 4, 8, 16, got {num_warps!r}")
+    if not isinstance(num_stages, int) or isinstance(num_stages, bool) or num_stages < 1:
+        raise ValueError(f"num_stages must be an int >= 1, got {num_stages!r}")
+    if mma_dtype is None:
+        mma_dtype = torch.float16 if _interpreting() else torch.bfloat16
+    if mma_dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"mma_dtype must be torch.bfloat16 or torch.float16, got {mma_dtype!r}")
+    if mma_dtype == torch.bfloat16 and _interpreting():
+        raise ValueError("mma_dtype=torch.bfloat16 does not work under TRITON_INTERPRET=1 "
+                         "(the interpreter multiplies bf16 bit patterns); use torch.float16")
+    top_k = indices.shape[1]
+    n_tiles = triton.cdiv(top_k, block_n)
+    if num_sms is None:
+        num_sms = (torch.cuda.get_device_properties(q.device).multi_processor_count
+                   if q.device.type == "cuda" else DEFAULT_NUM_SMS)
+    if num_splits is None:
+        num_splits = choose_num_splits(bsz, num_heads, max(top_k, 1), block_h=block_h,
+                                       block_n=block_n, num_sms=num_sms, d_v=d_v)
+    if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 1:
+        raise ValueError(f"num_splits must be an int >= 1, got {num_splits!r}")
+
+    out = torch.empty((bsz, num_heads, d_v), dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty((bsz, num_heads), dtype=torch.float32, device=q.device)
+    if top_k == 0 or num_slots == 0:
+        out.zero_()
+        lse.fill_(math.inf)
+        return out, lse
+
+    # every split gets at least one tile
+    num_splits = min(num_splits, n_tiles)
+    tiles_per_split = triton.cdiv(n_tiles, num_splits)
+    num_splits = triton.cdiv(n_tiles, tiles_per_split)
+    split = num_splits > 1
+
+    if kind == "bf16":
+        kv_ptr, stride_kv = kv_cache, kv_cache.stride(0)
+        scale_t, stride_scale, scale_off = kv_cache, 0, 0
+        rope_t, stride_rope, rope_off = kv_cache, kv_cache.stride(0), d_v
+    else:
+        scales_start, rope_start, _ = fp8_ds_mla_offsets(d_v, d_rope)
+        kv_ptr, stride_kv = kv_cache, kv_cache.stride(0)
+        scale_t, stride_scale, scale_off = kv_cache.view(torch.float32), kv_cache.stride(0) // 4, scales_start // 4
+        rope_t, stride_rope, rope_off = kv_cache.view(torch.bfloat16), kv_cache.stride(0) // 2, rope_start // 2
+
+    if split:
+        part_o = torch.empty((bsz, num_heads, num_splits, d_v), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((bsz, num_heads, num_splits), dtype=torch.float32, device=q.device)
+    else:
+        part_o, part_lse = lse, lse          # unused by the kernel
+
+    d_v_pad = triton.next_power_of_2(d_v)
+    d_rope_pad = max(16, triton.next_power_of_2(d_rope)) if d_rope > 0 else 16
+    num_head_blocks = triton.cdiv(num_heads, block_h)
+    grid = (bsz * num_splits * num_head_blocks,)
+    _sparse_mla_decode_fwd[grid](
+        q, q.stride(0), q.stride(1),
+        kv_ptr, stride_kv,
+        scale_t, stride_scale, scale_off,
+        rope_t, stride_rope, rope_off,
+        indices, indices.stride(0),
+        out, out.stride(0), out.stride(1),
+        lse, lse.stride(0),
+        part_o, part_lse,
+        num_heads, top_k, num_slots, num_splits, tiles_per_split, num_head_blocks,
+        sm_scale * _LOG2E,
+        D_V=d_v, D_V_PAD=d_v_pad, D_ROPE=d_rope, D_ROPE_PAD=d_rope_pad,
+        G=max(1, d_v_pad // FP8_TILE),
+        IS_FP8=(kind == "fp8_ds_mla"), SPLIT=split,
+        BLOCK_H=block_h, BLOCK_N=block_n,
+        MMA_DTYPE=tl.bfloat16 if mma_dtype == torch.bfloat16 else tl.float16,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    if split:
+        _sparse_mla_decode_combine[(bsz * num_heads,)](
+            part_o, part_lse,
+            out, out.stride(0), out.stride(1),
+            lse, lse.stride(0),
+            num_heads, num_splits,
+            D_V=d_v, D_V_PAD=d_v_pad, S_PAD=triton.next_power_of_2(num_splits),
+            num_warps=4,
+        )
+    return out, lse

@@ -1,0 +1,227 @@
+"""Triton kernels of the HiSparse swap-in: the per-request resolve (hit detection, exact LRU,
+miss -> slot assignment, output slot table) and the zero-copy row copy from pinned host memory.
+
+Both kernels run unchanged on the GPU and through the Triton interpreter (CPU tensors).
+
+Vocabulary (see ``backends/hisparse_coordinator.py`` for the full semantics):
+
+* *unit*: what the LRU manages. ``UNIT == 1``: one token row; ``UNIT == page_size``: one logical
+  page of ``page_size`` consecutive positions (``load_granularity='page'``).
+* *hot slot*: index ``0 .. C-1`` of a request's hot buffer in units (``C = D / UNIT``); hot unit
+  slot ``s`` covers device rows ``base + s*UNIT .. base + s*UNIT + UNIT - 1`` where
+  ``base = req * SLOTS_PER_REQ``. Device rows ``base + D .. base + D + page_size - 1`` are the
+  reserved page of the newest token.
+* *miss plan*: int32 ``[max_batch, 1 + 2*M]`` per batch row: ``[0]`` number of missed units,
+  ``[1 : 1+M]`` their first host row, ``[1+M : 1+2M]`` their first device row. Missed unit ``j``
+  copies ``UNIT`` rows: host ``src[j] + r`` -> device ``dst[j] + r`` for ``r < UNIT``.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# Sorts after every real position; marks "not part of the LRU selection".
+SENTINEL = 2147483647
+
+# Columns of the per-row counts tensor (int64).
+COUNT_FIELDS = ("hits", "misses", "tokens_loaded", "pages_loaded", "bytes_h2d", "overflow",
+                "pages_needed")
+CF_HITS, CF_MISSES, CF_TOKENS, CF_PAGES, CF_BYTES, CF_OVERFLOW, CF_PAGES_NEEDED = range(7)
+NUM_COUNT_FIELDS = len(COUNT_FIELDS)
+
+
+@triton.jit
+def _lower_bound(table_ptr, n, key, STEPS: tl.constexpr):
+    """Index of the first element >= ``key`` in the ascending ``table[0:n]`` (elementwise)."""
+    lo = key * 0
+    hi = lo + n
+    for _ in tl.static_range(STEPS):
+        active = lo < hi
+        mid = (lo + hi) >> 1
+        v = tl.load(table_ptr + mid, mask=active, other=0)
+        right = active & (v < key)
+        lo = tl.where(right, mid + 1, lo)
+        hi = tl.where(active & (v >= key), mid, hi)
+    return lo
+
+
+@triton.jit
+def resolve_swap_in_kernel(
+    req_idx_ptr, seq_lens_ptr, topk_ptr, topk_stride,
+    slot_unit_ptr, lru_ptr,
+    host_table_ptr, host_table_stride,
+    out_ptr, out_stride,
+    plan_ptr, plan_stride,
+    counts_ptr, counts_stride,
+    scratch_ptr, scratch_stride,
+    K, C, D, SLOTS_PER_REQ, ROW_BYTES, MAX_MISSES,
+    UNIT: tl.constexpr, PAGE: tl.constexpr, PAGE_MODE: tl.constexpr,
+    K_PAD: tl.constexpr, BLOCK_C: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+):
+    """One program per batch row: resolves a top-k selection against the hot buffer.
+
+    Inputs (device tensors):
+      req_idx_ptr   [B] int32/int64   request pool index of each batch row
+      seq_lens_ptr  [B] int32/int64   sequence length including the newest token
+      topk_ptr      [B, K] int32      request-local positions, -1 padded (>= seq_len treated as -1)
+      slot_unit_ptr [max_reqs, C] int32  unit held by each hot slot (-1 empty), this layer
+      lru_ptr       [max_reqs, C] int32  permutation of hot slots, least recent first, this layer
+      host_table_ptr [max_reqs, max_pages] int32  logical page -> host page
+    Outputs:
+      out_ptr       [B, K] int32      global device row of each entry, -1 for -1
+      plan_ptr      [B, 1 + 2*MAX_MISSES] int32  miss plan (module docstring)
+      counts_ptr    [B, NUM_COUNT_FIELDS] int64
+    Scratch: [B, 3*K_PAD + C] int32 (sorted keys, unique units, slot per unique unit, evictables).
+    """
+    b = tl.program_id(0)
+    req = tl.load(req_idx_ptr + b).to(tl.int32)
+    seq = tl.load(seq_lens_ptr + b).to(tl.int32)
+    base = req * SLOTS_PER_REQ
+    row = req.to(tl.int64) * C
+
+    scr = scratch_ptr + b.to(tl.int64) * scratch_stride
+    s_sorted = scr
+    s_uniq = scr + K_PAD
+    s_uslot = scr + 2 * K_PAD
+    s_evict = scr + 3 * K_PAD
+
+    # ---- 1. selection -> sorted unique units (the newest unit of a long request is excluded) --
+    offs = tl.arange(0, K_PAD)
+    pos = tl.load(topk_ptr + b.to(tl.int64) * topk_stride + offs, mask=offs < K, other=-1)
+    valid = (pos >= 0) & (pos < seq)
+    unit = tl.where(valid, pos // UNIT, -1)
+    is_long = seq > D
+    newest_unit = (seq - 1) // UNIT
+    is_newest = valid & is_long & (unit == newest_unit)
+    key = tl.where(valid & ~is_newest, unit, SENTINEL)
+    srt = tl.sort(key)
+    tl.store(s_sorted + offs, srt)
+    tl.store(s_uslot + offs, tl.full([K_PAD], -1, tl.int32))
+    tl.debug_barrier()
+    prev = tl.load(s_sorted + offs - 1, mask=offs > 0, other=-1)
+    first = (srt != SENTINEL) & (srt != prev)
+    first_i = first.to(tl.int32)
+    n_uniq = tl.sum(first_i, axis=0)
+    tl.store(s_uniq + tl.cumsum(first_i, axis=0) - 1, srt, mask=first)
+    newest_hit = (tl.sum(is_newest.to(tl.int32), axis=0) > 0).to(tl.int32)
+    overflow = is_long & (n_uniq > C)
+    do_long = is_long & (n_uniq <= C)
+    tl.debug_barrier()
+
+    # ---- 2. walk the hot buffer in LRU order: hits and evictable slots ------------------------
+    lane_c = tl.arange(0, BLOCK_C)
+    n_hit = n_uniq * 0
+    n_evict = n_uniq * 0
+    c_end = tl.where(do_long, C, 0)
+    for c0 in range(0, c_end, BLOCK_C):
+        oc = c0 + lane_c
+        mc = oc < C
+        slot = tl.load(lru_ptr + row + oc, mask=mc, other=0)
+        u = tl.load(slot_unit_ptr + row + slot, mask=mc, other=-1)
+        idx = _lower_bound(s_uniq, n_uniq, u, SEARCH_STEPS)
+        cand = tl.load(s_uniq + idx, mask=mc & (idx < n_uniq), other=SENTINEL)
+        hit = mc & (u >= 0) & (cand == u)
+        tl.store(s_uslot + idx, slot, mask=hit)
+        ev = mc & ~hit
+        ev_i = ev.to(tl.int32)
+        tl.store(s_evict + n_evict + tl.cumsum(ev_i, axis=0) - 1, slot, mask=ev)
+        n_evict += tl.sum(ev_i, axis=0)
+        n_hit += tl.sum(hit.to(tl.int32), axis=0)
+    tl.debug_barrier()
+
+    # ---- 3. misses take the least recent evictables; new LRU order; miss plan -----------------
+    n_miss = tl.where(do_long, n_uniq - n_hit, 0)
+    mu = (offs < n_uniq) & do_long
+    uslot = tl.load(s_uslot + offs, mask=mu, other=-1)
+    uu = tl.load(s_uniq + offs, mask=mu, other=0)
+    is_hit = mu & (uslot >= 0)
+    is_miss = mu & (uslot < 0)
+    hit_rank = tl.cumsum(is_hit.to(tl.int32), axis=0) - 1
+    miss_rank = tl.cumsum(is_miss.to(tl.int32), axis=0) - 1
+    miss_slot = tl.load(s_evict + miss_rank, mask=is_miss, other=0)
+    tl.store(s_uslot + offs, tl.where(is_hit, uslot, miss_slot), mask=mu)
+
+    tl.store(slot_unit_ptr + row + miss_slot, uu, mask=is_miss)
+    n_kept = n_evict - n_miss
+    tl.store(lru_ptr + row + n_kept + miss_rank, miss_slot, mask=is_miss)
+    tl.store(lru_ptr + row + (C - n_hit) + hit_rank, uslot, mask=is_hit)
+    for c0 in range(0, c_end, BLOCK_C):
+        r = c0 + lane_c
+        m = (r >= n_miss) & (r < n_evict)
+        s = tl.load(s_evict + r, mask=m, other=0)
+        tl.store(lru_ptr + row + r - n_miss, s, mask=m)
+
+    first_pos = uu * UNIT
+    host_page = tl.load(host_table_ptr + req.to(tl.int64) * host_table_stride + first_pos // PAGE,
+                        mask=is_miss, other=0)
+    plan = plan_ptr + b.to(tl.int64) * plan_stride
+    tl.store(plan + 1 + miss_rank, host_page * PAGE + first_pos % PAGE, mask=is_miss)
+    tl.store(plan + 1 + MAX_MISSES + miss_rank, base + miss_slot * UNIT, mask=is_miss)
+    tl.store(plan, n_miss)
+    tl.debug_barrier()
+
+    # ---- 4. output slot table --------------------------------------------------------------
+    regular = valid & is_long & ~is_newest
+    e_idx = _lower_bound(s_uniq, n_uniq, tl.where(regular, unit, SENTINEL), SEARCH_STEPS)
+    e_slot = tl.load(s_uslot + e_idx, mask=regular & do_long, other=0)
+    long_out = base + e_slot * UNIT + pos % UNIT
+    if PAGE_MODE:
+        newest_out = base + D + pos % PAGE
+    else:
+        newest_out = base + D + pos * 0
+    res = tl.where(is_newest, newest_out, long_out)
+    res = tl.where(overflow, -1, res)
+    res = tl.where(is_long, res, base + pos)
+    res = tl.where(valid, res, -1)
+    tl.store(out_ptr + b.to(tl.int64) * out_stride + offs, res, mask=offs < K)
+
+    # ---- 5. counts ------------------------------------------------------------------------
+    hits = tl.where(is_long, tl.where(overflow, 0, n_hit + newest_hit), n_uniq)
+    tokens = n_miss.to(tl.int64) * UNIT
+    cnt = counts_ptr + b.to(tl.int64) * counts_stride
+    tl.store(cnt + 0, hits.to(tl.int64))
+    tl.store(cnt + 1, n_miss.to(tl.int64))
+    tl.store(cnt + 2, tokens)
+    if PAGE_MODE:
+        tl.store(cnt + 3, n_miss.to(tl.int64))
+        tl.store(cnt + 6, tl.where(is_long, n_uniq, 0).to(tl.int64))
+    else:
+        tl.store(cnt + 3, tokens * 0)
+        tl.store(cnt + 6, tokens * 0)
+    tl.store(cnt + 4, tokens * ROW_BYTES)
+    tl.store(cnt + 5, overflow.to(tl.int64))
+
+
+@triton.jit
+def copy_planned_rows_kernel(
+    src_pool_ptr, dst_pool_ptr, plan_ptr, plan_stride, MAX_MISSES,
+    UNIT_ROWS: tl.constexpr, WORDS: tl.constexpr, WORD_BLOCK: tl.constexpr,
+    ROWS: tl.constexpr,
+):
+    """Copies the rows of a miss plan: ``dst_pool[dst] = src_pool[src]``, ``ROWS`` rows a program.
+
+    Grid ``(B, cdiv(MAX_MISSES * UNIT_ROWS, ROWS))``; programs past a row's miss count do nothing,
+    so the grid does not depend on the (device-resident) counts and no host sync is needed.
+    ``src_pool_ptr``: the layer's host rows (pinned CPU memory read in place over UVA on the GPU),
+    ``dst_pool_ptr``: the layer's device rows; both viewed as ``WORDS`` words a row (int64 when
+    the row is a multiple of 8 bytes). Each program loads a [ROWS, WORD_BLOCK] tile at once, so
+    every row of the tile is in flight together.
+    """
+    b = tl.program_id(0)
+    chunk = tl.program_id(1)
+    plan = plan_ptr + b.to(tl.int64) * plan_stride
+    n_rows = tl.load(plan) * UNIT_ROWS
+    r = chunk * ROWS + tl.arange(0, ROWS)
+    live = r < n_rows
+    j = r // UNIT_ROWS
+    k = r % UNIT_ROWS
+    src = tl.load(plan + 1 + j, mask=live, other=0).to(tl.int64) + k
+    dst = tl.load(plan + 1 + MAX_MISSES + j, mask=live, other=0).to(tl.int64) + k
+    w = tl.arange(0, WORD_BLOCK)
+    m = live[:, None] & (w[None, :] < WORDS)
+    v = tl.load(src_pool_ptr + src[:, None] * WORDS + w[None, :], mask=m)
+    tl.store(dst_pool_ptr + dst[:, None] * WORDS + w[None, :], v, mask=m)
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
