@@ -56,7 +56,7 @@ def run_job(cfg: DictConfig, job_dir: Path) -> int:
         if done.exists() and not cfg.overwrite:
             import pandas as pd
             prev = pd.read_parquet(done)
-            if "config_hash" in prev and (prev["config_hash"] == h).all():
+            if "config_hash" in prev and (prev["config_hash"] == h).all() and not (prev["status"] == "error").any():
                 log.info("skip: %s already holds this point (overwrite=true to re-run)", done)
                 return 0
         from harness.runner import run_point

@@ -39,6 +39,7 @@ COLUMNS: Dict[str, str] = {
     "context_len": "Int64",
     "pattern": "string",
     "step_overlap": "float64",
+    "cluster_len": "Int64",
     "selection": "string",
     "phase": "string",
     "steps": "Int64",

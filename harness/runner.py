@@ -68,6 +68,7 @@ def base_row(cfg, wl: Optional[Workload], device: torch.device, repro: str, cfg_
         "context_len": int(wl.seq_lens[0].max() - 1) if wl is not None else cfg.context_len,
         "pattern": cfg.pattern if cfg.selection.source == "synthetic" else cfg.selection.source,
         "step_overlap": cfg.step_overlap, "selection": cfg.selection.source, "phase": "decode",
+        "cluster_len": cfg.selection.cluster_len if cfg.pattern in ("clustered", "mixed") else None,
         "steps": cfg.steps, "warmup_steps": cfg.timing.warmup_steps, "num_layers": cfg.num_layers,
         "seed": cfg.seed, "cold_l2": cfg.timing.cold_l2, "cuda_graph": cfg.timing.cuda_graph,
         "device": device.type, "tolerance": cfg.timing.check_tolerance,

@@ -25,11 +25,17 @@ hardware YAML, for projections). What each stage moves (``stage_work``):
   context token (fp8 on the GPU, charged here at the bf16 ceiling: an upper bound on its time).
 * ``transform`` (1 kernel): flashmla_sparse turns k logical positions into device slots through
   the page table (read 4 B index + 4 B page-table entry, write 4 B per selected token);
-  hisparse's coordinator hashes the k positions and scans its device buffer's slot table
-  (int32 token + int32 location + int16 LRU entry read, int16 LRU entry written: 12 B per slot)
-  and writes 4 B per selected slot.
+  hisparse's coordinator bookkeeping hashes the k positions and scans its device buffer's slot
+  table (int32 token + int32 location + int16 LRU entry read, int16 LRU entry written: 12 B per
+  slot) and writes 4 B per selected slot.
 * ``swap_in`` (hisparse only, 1 kernel): the counted ``bytes_h2d`` over the host link, and the
-  same bytes written into the hot buffer in HBM.
+  same bytes written into the hot buffer in HBM. The harness times the coordinator's
+  bookkeeping and copy together as ``swap_in``; when a row has no ``transform`` time of its own,
+  its predicted ``swap_in`` is the sum of both kernels (``stage_times_us``).
+
+Only the stages a row measured are modelled (e.g. ``select`` only with ``selection=indexer``),
+so predicted and measured totals cover the same work. Shapes (heads, dims, indexer) come from
+the row's model preset, ``conf/model/<model>.yaml`` (``shape_for``).
 * ``attention`` (1 kernel): reads the counted ``bytes_selected`` (selected KV rows) plus the bf16
   query (576 values) and writes the bf16 output (512 values) per head; FLOPs
   2 * 128 heads * (576 + 512) per selected token (QK^T and PV).
@@ -37,15 +43,19 @@ hardware YAML, for projections). What each stage moves (``stage_work``):
 The fixed launch cost per kernel defaults to 5 µs (anchors.md B4: 4-6 µs through the driver; a
 tiny torch op from Python costs about 6 µs on the H200 we measured).
 
-The counts in a results row are summed over measured steps x layers x requests; the latency is
-for one decode layer step of the whole batch, so per-step work is count / (steps * num_layers).
+The counts in a results row are summed over measured steps x layers x requests (``steps`` is
+the number of measured steps, warmup excluded); the latency is for one decode layer step of the
+whole batch, so per-step work is count / (steps * num_layers). The ``flops`` and
+``bytes_hbm_read`` columns are not used: attention FLOPs are recomputed from ``tokens_selected``
+so that every stage is modelled from the same counted quantities.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
-from typing import Dict, Mapping, Optional
+from typing import Dict, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -88,6 +98,38 @@ class ModelShape:
 
 
 DSV32 = ModelShape()
+MODEL_CONF_DIR = Path(__file__).resolve().parents[2] / "conf" / "model"
+
+
+@lru_cache(maxsize=None)
+def shape_for(model: Optional[str]) -> ModelShape:
+    """The shapes of a model preset, read from ``conf/model/<model>.yaml`` (keys num_heads,
+    d_nope, d_rope, d_v, index_heads, index_dim, layers); DSV32 when unknown."""
+    f = MODEL_CONF_DIR / f"{model}.yaml"
+    if not model or not f.is_file():
+        return DSV32
+    try:
+        import yaml
+        c = yaml.safe_load(f.read_text()) or {}
+    except ImportError:
+        c = _parse_flat_yaml(f.read_text())
+    try:
+        return ModelShape(num_heads=int(c["num_heads"]), d_qk=int(c["d_nope"]) + int(c["d_rope"]),
+                          d_v=int(c["d_v"]), index_heads=int(c["index_heads"]),
+                          index_dim=int(c["index_dim"]), index_key_bytes=int(c["index_dim"]) + 4,
+                          num_layers=int(c["layers"]))
+    except (KeyError, TypeError, ValueError):
+        return DSV32
+
+
+def measured_layer_steps(row: Mapping) -> float:
+    """Measured layer steps of a row: (steps - warmup_steps) * num_layers (the counts are summed
+    over these, and over requests), falling back to ``n_samples``."""
+    steps, warm, layers = _f(row, "steps"), _f(row, "warmup_steps"), _f(row, "num_layers")
+    per = (steps - (warm if np.isfinite(warm) else 0.0)) * layers
+    if not (np.isfinite(per) and per > 0):
+        per = _f(row, "n_samples")
+    return per if np.isfinite(per) and per > 0 else float("nan")
 
 
 # --------------------------------------------------------------------------- page bound
@@ -238,19 +280,21 @@ def _f(row: Mapping, key: str) -> float:
     return float(v)
 
 
-def stage_work(row: Mapping, shape: ModelShape = DSV32) -> Dict[str, StageWork]:
+def stage_work(row: Mapping, shape: Optional[ModelShape] = None) -> Dict[str, StageWork]:
     """Bytes and FLOPs per stage for one results row, per decode layer step of the batch.
 
-    Uses the counted ``tokens_selected``, ``bytes_selected`` and ``bytes_h2d`` (divided by
-    steps * num_layers) and the axes ``batch_size``, ``context_len``, ``top_k``,
-    ``device_buffer_size``, ``kv_row_bytes``. See the module docstring for each stage.
+    Uses the counted ``tokens_selected``, ``bytes_selected`` and ``bytes_h2d`` (divided by the
+    measured layer steps) and the axes ``batch_size``, ``context_len``, ``top_k``,
+    ``device_buffer_size``, ``kv_row_bytes``; ``shape`` defaults to the row's model preset.
+    See the module docstring for each stage.
     """
+    shape = shape or shape_for(row.get("model"))
     fam = family(row.get("backend"))
     B = _f(row, "batch_size")
     N = _f(row, "context_len")
     k = _f(row, "top_k")
     R = _f(row, "kv_row_bytes")
-    per = _f(row, "steps") * _f(row, "num_layers")
+    per = measured_layer_steps(row)
     tok = _f(row, "tokens_selected") / per
     if not np.isfinite(tok):
         tok = B * min(k, N)
@@ -317,7 +361,19 @@ def measured_stage_us(row: Mapping, stage: str) -> float:
     return v
 
 
-def predict(df: pd.DataFrame, hardware: Ceilings = Ceilings(), shape: ModelShape = DSV32) -> pd.DataFrame:
+def stage_times_us(row: Mapping, ceil: Ceilings, stages: Sequence[str],
+                   shape: Optional[ModelShape] = None) -> Dict[str, float]:
+    """Roofline µs of each of ``stages`` for a row. When hisparse's ``transform`` (coordinator
+    bookkeeping) is not among the stages but ``swap_in`` is, the row timed them together (the
+    harness's ``swap_in`` = hit/miss resolution + copy), so ``swap_in`` gets both kernels' time."""
+    work = stage_work(row, shape)
+    t = {s: stage_time_us(work[s], ceil) for s in stages if s in work}
+    if "swap_in" in t and "transform" not in stages and "transform" in work:
+        t["swap_in"] += stage_time_us(work["transform"], ceil)
+    return t
+
+
+def predict(df: pd.DataFrame, hardware: Ceilings = Ceilings(), shape: Optional[ModelShape] = None) -> pd.DataFrame:
     """Per row: predicted µs per stage (``pred_<stage>_us``), their sum ``pred_total_us``, the
     measured stage and total times, and measured / predicted ratios (``ratio_<stage>``,
     ``ratio_total``). Placeholders in ``hardware`` are filled from each row's own ceilings."""
@@ -325,13 +381,13 @@ def predict(df: pd.DataFrame, hardware: Ceilings = Ceilings(), shape: ModelShape
     for _, r in df.iterrows():
         row = r.to_dict()
         ceil = row_ceilings(row, hardware)
-        work = stage_work(row, shape)
         stages = modelled_stages(row)
+        pt = stage_times_us(row, ceil, stages, shape)
         rec = {}
         total = 0.0
         meas_sum = 0.0
         for s in STAGES:
-            p = stage_time_us(work[s], ceil) if s in stages and s in work else float("nan")
+            p = pt.get(s, float("nan")) if s in stages else float("nan")
             m = measured_stage_us(row, s) if s in stages else float("nan")
             rec[f"pred_{s}_us"] = p
             rec[f"meas_{s}_us"] = m
@@ -350,7 +406,7 @@ def predict(df: pd.DataFrame, hardware: Ceilings = Ceilings(), shape: ModelShape
 
 
 def project(df: pd.DataFrame, target: Ceilings, source: Ceilings = Ceilings(),
-            shape: ModelShape = DSV32) -> pd.DataFrame:
+            shape: Optional[ModelShape] = None) -> pd.DataFrame:
     """Projects each row's latency onto ``target`` hardware (µs). PROJECTIONS, not measurements.
 
     Where the source ceilings are known (measured in the run, or given), each measured stage is
@@ -358,15 +414,17 @@ def project(df: pd.DataFrame, target: Ceilings, source: Ceilings = Ceilings(),
     unmodelled remainder (measured total minus the sum of measured stages: launch gaps, host
     overhead) is carried over unchanged: ``projection_basis = 'scaled-measured'``. Otherwise the
     projection is the target's pure roofline total: ``'roofline-only'``.
-    Returns ``proj_<stage>_us``, ``proj_latency_us``, ``projection_basis``.
+    Rows whose status is not 'ok' get NaN. Returns ``proj_<stage>_us``, ``proj_latency_us``,
+    ``projection_basis``.
     """
     out = []
     for _, r in df.iterrows():
         row = r.to_dict()
         src = row_ceilings(row, source)
         tgt = row_ceilings(row, target)
-        work = stage_work(row, shape)
         stages = modelled_stages(row)
+        t_tgt = stage_times_us(row, tgt, stages, shape)
+        t_src = stage_times_us(row, src, stages, shape)
         rec: Dict[str, object] = {}
         scaled_ok = True
         proj_sum = meas_sum = roof = 0.0
@@ -374,8 +432,8 @@ def project(df: pd.DataFrame, target: Ceilings, source: Ceilings = Ceilings(),
             if s not in stages:
                 rec[f"proj_{s}_us"] = float("nan")
                 continue
-            pt = stage_time_us(work[s], tgt)
-            ps = stage_time_us(work[s], src)
+            pt = t_tgt[s]
+            ps = t_src[s]
             m = measured_stage_us(row, s)
             roof += pt
             if np.isfinite(m) and np.isfinite(ps) and ps > 0 and np.isfinite(pt):
@@ -387,7 +445,10 @@ def project(df: pd.DataFrame, target: Ceilings, source: Ceilings = Ceilings(),
             rec[f"proj_{s}_us"] = v
             proj_sum += v
         total = _f(row, "latency_us_median")
-        if scaled_ok and np.isfinite(total):
+        if row.get("status", "ok") != "ok":
+            rec["proj_latency_us"] = float("nan")
+            rec["projection_basis"] = f"not projected ({row.get('status')})"
+        elif scaled_ok and np.isfinite(total):
             rec["proj_latency_us"] = proj_sum + max(0.0, total - meas_sum)
             rec["projection_basis"] = "scaled-measured"
         else:

@@ -1,0 +1,123 @@
+"""Capacity view: how many requests each backend holds in an HBM budget, and the decode
+throughput at that batch. This is the trade-off HiSparse exists for.
+
+Units: bytes (GB = 1e9 B) for memory, µs for the per-layer step time, tokens/s for throughput.
+
+KV bytes on the GPU per request, for a model of L layers (61 for DeepSeek-V3.2), row bytes R
+(656 fp8 / 1152 bf16 per token per layer) and index keys I = 132 B per token per layer:
+
+* flashmla_sparse: the whole KV is resident: context * L * (R + I).
+* hisparse: the hot buffer of ``device_buffer_size`` slots plus one page for the newest token,
+  and the index keys of the whole context: (min(D, page-aligned context) + P) * L * R +
+  context * L * I. (SGLang keeps min(page_align(len), D) slots for a short request.)
+  The full KV, context * L * R, lives in pinned host memory.
+
+Throughput: tokens/s = batch / (L * t(batch)), t the per-layer step time (µs) of the whole
+batch. t is measured at the run's batch sizes; at other batches it is *extrapolated*: with two
+or more measured batch sizes, by a least-squares line t = a + b * batch (a fixed cost plus a
+per-request cost); with one, proportionally (t = t_measured * batch / batch_measured, which keeps
+tokens/s at its measured value). The ``scaling`` column says which was used.
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import pandas as pd
+
+from .model import DSV32, ModelShape, shape_for
+from .tables import BASE, COORD, AxisRoles, _py, _sort_key, num
+
+DEFAULT_HBM_GB = 141.0
+#: weights + activations kept out of the KV budget by default (GB): DeepSeek-V3.2's ~671 B
+#: parameters in fp8 are ~690 GB, i.e. ~86 GB per GPU over 8 GPUs, plus a few GB of activations.
+DEFAULT_RESERVE_GB = 90.0
+
+
+def kv_bytes_per_request(fam: str, context_len: int, kv_row_bytes: int,
+                         device_buffer_size: Optional[int] = None, page_size: Optional[int] = None,
+                         shape: ModelShape = DSV32) -> Tuple[float, float]:
+    """(GPU bytes, host bytes) one request needs across ``shape.num_layers`` layers."""
+    L, I, N, R = shape.num_layers, shape.index_key_bytes, int(context_len), int(kv_row_bytes)
+    if fam == BASE:
+        return float(N * L * (R + I)), 0.0
+    if fam == COORD:
+        if device_buffer_size is None:
+            return float("nan"), float(N * L * R)
+        P = int(page_size) if page_size else 1
+        slots = min(int(device_buffer_size), math.ceil(N / P) * P) + P
+        return float(slots * L * R + N * L * I), float(N * L * R)
+    return float("nan"), float("nan")
+
+
+def max_batch(budget_bytes: float, per_request_bytes: float) -> int:
+    """Whole requests that fit in ``budget_bytes`` (0 when none does or the size is unknown)."""
+    if not np.isfinite(per_request_bytes) or per_request_bytes <= 0 or budget_bytes <= 0:
+        return 0
+    return int(budget_bytes // per_request_bytes)
+
+
+def fit_step_time(batches: List[float], times_us: List[float]) -> Tuple[float, float, str]:
+    """(a, b, how) such that t(batch) = a + b * batch in µs, from measured (batch, time) pairs."""
+    b_arr, t_arr = np.asarray(batches, float), np.asarray(times_us, float)
+    uniq = np.unique(b_arr)
+    if len(uniq) >= 2:
+        slope, icpt = np.polyfit(b_arr, t_arr, 1)
+        if slope > 0 and icpt >= 0:
+            return float(icpt), float(slope), (
+                "affine fit over batch sizes " + ",".join(str(int(v)) for v in uniq))
+    i = int(np.argmax(b_arr))
+    return 0.0, float(t_arr[i] / b_arr[i]), f"proportional from batch {int(b_arr[i])}"
+
+
+def throughput_tokens_per_s(batch: int, step_us: float, shape: ModelShape = DSV32) -> float:
+    """Decode tokens/s for ``batch`` requests at ``step_us`` per layer step: batch / (L * t)."""
+    if batch <= 0 or not np.isfinite(step_us) or step_us <= 0:
+        return 0.0
+    return batch / (shape.num_layers * step_us * 1e-6)
+
+
+def capacity_table(pb: pd.DataFrame, roles: AxisRoles, hbm_gb: float = DEFAULT_HBM_GB,
+                   reserve_gb: float = DEFAULT_RESERVE_GB, latency_col: str = "latency_us_median",
+                   shape: Optional[ModelShape] = None) -> pd.DataFrame:
+    """One row per (cell without batch_size, backend variant) over the ok rows of
+    ``per_backend_table``: GPU and host GB per request, the batch that fits in
+    ``hbm_gb - reserve_gb``, the step time there and the decode throughput. ``shape`` (layers,
+    index key bytes) defaults to each row's model preset."""
+    budget = (hbm_gb - reserve_gb) * 1e9
+    ok = pb[(pb["status"] == "ok") & np.isfinite(num(pb[latency_col]))] if not pb.empty else pb
+    keys = [c for c in roles.cell if c != "batch_size"] + ["family"] + roles.variant_columns()
+    groups: Dict[tuple, list] = {}
+    for rec in ok.to_dict("records"):
+        groups.setdefault(tuple(_py(rec.get(k)) for k in keys), []).append(rec)
+    rows = []
+    for key in sorted(groups, key=_sort_key):
+        recs = groups[key]
+        r0 = recs[0]
+        fam = r0["family"]
+        ctx, row_b = _py(r0.get("context_len")), _py(r0.get("kv_row_bytes"))
+        if ctx is None or row_b is None:
+            continue
+        sh = shape or shape_for(r0.get("model"))
+        gpu, host = kv_bytes_per_request(fam, ctx, row_b, _py(r0.get("device_buffer_size")),
+                                         _py(r0.get("page_size")), sh)
+        nb = max_batch(budget, gpu)
+        batches = [float(r.get("batch_size") or 1) for r in recs]
+        times = [float(r[latency_col]) for r in recs]
+        a, b, how = fit_step_time(batches, times)
+        t_at = a + b * nb if nb else float("nan")
+        i = int(np.argmax(batches))
+        row = dict(zip(keys, key))
+        row.update({
+            "context_len": ctx, "kv_row_bytes": row_b,
+            "gpu_GB_per_request": gpu / 1e9, "host_GB_per_request": host / 1e9,
+            "kv_budget_GB": budget / 1e9, "max_batch": nb,
+            "measured_batch": int(batches[i]), "measured_step_us": times[i],
+            "measured_tokens_per_s": throughput_tokens_per_s(int(batches[i]), times[i], sh),
+            "step_us_at_max_batch": t_at,
+            "tokens_per_s_at_max_batch": throughput_tokens_per_s(nb, t_at, sh),
+            "scaling": how,
+        })
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -1,0 +1,89 @@
+"""End to end on the CPU: a Hydra multirun into a temporary directory, results, report, resume."""
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness import results
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = ["context_len=200", "steps=3", "timing.warmup_steps=1", "num_layers=2", "batch_size=2"]
+
+
+def _harness(*args):
+    r = subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    d = tmp_path_factory.mktemp("sweep")
+    _harness("-m", "page_size=16,64", "top_k=32,64", *SMALL, f"hydra.sweep.dir={d}")
+    return d
+
+
+def test_sweep_writes_one_row_per_point_and_backend(sweep):
+    df = results.load(sweep)
+    backends = sorted(df["backend"].unique())
+    assert backends == ["flashmla_sparse", "hisparse"]
+    assert len(df) == 4 * len(backends)
+    assert set(zip(df.page_size, df.top_k)) == {(16, 32), (16, 64), (64, 32), (64, 64)}
+    assert (df["status"] == "ok").all(), df[["backend", "status", "error"]]
+    assert (df["device"] == "cpu").all() and (df["model"] == "tiny").all()
+    assert (df["max_rel_err"] < df["tolerance"]).all()
+    assert (df["n_samples"] == 2 * 2).all()  # 2 measured steps x 2 layers
+    # counts: every selected token is distinct and valid; pages touched lie in [tokens/P, tokens]
+    assert (df["tokens_selected"] == df["top_k"] * 2 * 2 * 2).all()
+    assert ((df["pages_touched"] * df["page_size"] >= df["tokens_selected"])
+            & (df["pages_touched"] <= df["tokens_selected"])).all()
+    fm = df[df.backend == "flashmla_sparse"]
+    assert (fm["bytes_h2d"] == 0).all() and (fm["tokens_loaded"] == 0).all()
+    for c in results.COLUMNS:
+        assert c in df.columns
+    assert df["repro_command"].str.startswith("python -m harness").all()
+
+
+def test_steps_table_matches_summary(sweep):
+    df = results.load(sweep)
+    st = results.load(sweep, steps=True)
+    for _, row in df.iterrows():
+        s = st[(st.job_dir == row.job_dir) & (st.backend == row.backend)]
+        assert len(s) == 3 * 2 * 2  # steps x layers x requests
+        meas = s[~s.warmup.astype(bool)]
+        assert meas["tokens_selected"].sum() == row["tokens_selected"]
+        assert meas["pages_touched"].sum() == row["pages_touched"]
+        assert meas["tokens_loaded"].sum() == row["tokens_loaded"]
+
+
+def test_report_written(sweep):
+    rep = sweep / "report"
+    assert (rep / "report.md").exists()
+    assert list(rep.glob("*.png"))
+
+
+def test_rerun_skips_done_points_and_keeps_results(sweep):
+    before = {p: p.stat().st_mtime_ns for p in sweep.rglob(results.RESULT_FILE)}
+    r = _harness("-m", "page_size=16,64", "top_k=32,64", *SMALL, f"hydra.sweep.dir={sweep}")
+    assert "skip:" in r.stderr + r.stdout
+    after = {p: p.stat().st_mtime_ns for p in sweep.rglob(results.RESULT_FILE)}
+    assert before == after
+
+
+def test_trace_record_and_replay(tmp_path):
+    trace = tmp_path / "sel.npz"
+    _harness("backend=flashmla_sparse", "pattern=clustered", *SMALL, "top_k=32",
+             f"selection.record={trace}", f"hydra.run.dir={tmp_path}/a", "report=false")
+    with np.load(trace) as z:
+        assert z["topk"].shape == (3, 2, 2, 32) and z["seq_lens"].shape == (3, 2)
+    _harness("backend=flashmla_sparse", "selection=trace", f"selection.path={trace}", "steps=3",
+             "num_layers=2", "batch_size=2", "top_k=32", f"hydra.run.dir={tmp_path}/b", "report=false")
+    a = results.load(tmp_path / "a").iloc[0]
+    b = results.load(tmp_path / "b").iloc[0]
+    assert b["selection"] == "trace" and b["status"] == "ok"
+    assert a["pages_touched"] == b["pages_touched"] and a["tokens_selected"] == b["tokens_selected"]
+    assert b["context_len"] == 200
