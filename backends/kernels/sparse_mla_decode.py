@@ -24,6 +24,9 @@ Design
   ``[block_n, d_v/128, 128]``) and rounded to the MMA operand type; the rope part is read as
   bf16 from the same row. The fp8 row is read through typed views of one uint8 buffer, so
   the kernel needs no pointer casts.
+* The gather of tile ``t`` depends on loading its slot ids first; by default (``prefetch``)
+  the slot ids of tile ``t + 1`` are loaded during tile ``t``, and Triton's pipelining
+  (``num_stages``) overlaps the row loads with the MMAs.
 * Flash-decoding: the top-k list is cut into ``num_splits`` contiguous chunks of tiles so a
   small batch still fills the GPU. With one split the kernel writes ``out``/``lse`` directly;
   with more it writes per-split float32 ``(o / l, lse)`` and a combine kernel merges them.
@@ -36,6 +39,7 @@ Design
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 from typing import Optional, Tuple
@@ -52,6 +56,53 @@ __all__ = ["sparse_mla_decode", "choose_num_splits", "DEFAULT_NUM_SMS"]
 DEFAULT_NUM_SMS = 132
 
 _LOG2E = 1.4426950408889634
+_PREFETCH_MODES = {"none": 0, "index": 1, "rows": 2}
+
+
+@triton.jit
+def _tile_rows(idx_row, t, lim, num_slots, BLOCK_N: tl.constexpr):
+    """Slot ids of tile ``t`` of the top-k list: ``valid [BLOCK_N]`` and ``row [BLOCK_N]`` int64
+    (0 where not valid). Tokens at or past ``lim`` and ids outside ``[0, num_slots)`` are masked."""
+    offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
+    idx = tl.load(idx_row + offs_n, mask=offs_n < lim, other=-1)
+    valid = (idx >= 0) & (idx < num_slots)
+    row = tl.where(valid, idx, 0).to(tl.int64)
+    return valid, row
+
+
+@triton.jit
+def _gather_rows(valid, row,
+                 kv_ptr, stride_kv, scale_ptr, stride_scale, scale_off,
+                 rope_ptr, stride_rope, rope_off,
+                 D_V: tl.constexpr, D_V_PAD: tl.constexpr,
+                 D_ROPE: tl.constexpr, D_ROPE_PAD: tl.constexpr, G: tl.constexpr,
+                 IS_FP8: tl.constexpr, BLOCK_N: tl.constexpr, ROPE_VEC: tl.constexpr):
+    """Gathers the raw (not yet dequantized) KV rows of one tile.
+
+    Returns ``nope [BLOCK_N, D_V_PAD]`` (bf16 values, or the fp8 bytes as uint8),
+    ``scales [BLOCK_N, G]`` fp32 (fp8 only; zeros for bf16) and ``rope [BLOCK_N, D_ROPE_PAD]``
+    bf16; masked rows and padding columns are 0.
+    """
+    offs_v = tl.arange(0, D_V_PAD)
+    if D_V_PAD == D_V:
+        nope_mask = valid[:, None]
+    else:
+        nope_mask = valid[:, None] & (offs_v[None, :] < D_V)
+    nope = tl.load(kv_ptr + row[:, None] * stride_kv + offs_v[None, :], mask=nope_mask, other=0)
+    offs_g = tl.arange(0, G)
+    if IS_FP8:
+        scales = tl.load(scale_ptr + row[:, None] * stride_scale + scale_off + offs_g[None, :],
+                         mask=valid[:, None] & (offs_g[None, :] < D_V // 128), other=0.0)
+    else:
+        scales = tl.zeros([BLOCK_N, G], dtype=tl.float32)
+    offs_r = tl.arange(0, D_ROPE_PAD)
+    if D_ROPE > 0:
+        rope_base = tl.multiple_of(row * stride_rope + rope_off, ROPE_VEC)
+        rope = tl.load(rope_ptr + rope_base[:, None] + offs_r[None, :],
+                       mask=valid[:, None] & (offs_r[None, :] < D_ROPE), other=0.0)
+    else:
+        rope = tl.zeros([BLOCK_N, D_ROPE_PAD], dtype=tl.bfloat16)
+    return nope, scales, rope
 
 
 @triton.jit
@@ -61,16 +112,17 @@ def _sparse_mla_decode_fwd(
     scale_ptr, stride_scale, scale_off,     # fp8: float32 view of the rows; scales at [scale_off, +D_V/128)
     rope_ptr, stride_rope, rope_off,        # rope values: bf16 view of the rows, starting at rope_off
     idx_ptr, stride_ib,                     # indices [B, K] int32, unit last-dim stride
-    out_ptr, stride_ob, stride_oh,          # out [B, H, D_V] bf16          (NUM_SPLITS == 1)
-    lse_ptr, stride_lb,                     # lse [B, H] fp32               (NUM_SPLITS == 1)
-    part_o_ptr, part_lse_ptr,               # [B, H, S, D_V] / [B, H, S] fp32 (NUM_SPLITS > 1)
+    out_ptr, stride_ob, stride_oh,          # out [B, H, D_V] bf16          (not SPLIT)
+    lse_ptr, stride_lb,                     # lse [B, H] fp32               (not SPLIT)
+    part_o_ptr, part_lse_ptr,               # [B, H, S, D_V] / [B, H, S] fp32 (SPLIT)
     H, K, num_slots, num_splits, tiles_per_split, num_head_blocks,
     qk_scale_log2,                          # sm_scale * log2(e)
     D_V: tl.constexpr, D_V_PAD: tl.constexpr,
     D_ROPE: tl.constexpr, D_ROPE_PAD: tl.constexpr,
-    G: tl.constexpr,                        # fp8 scale tiles per padded row: D_V_PAD // 128
+    G: tl.constexpr,                        # fp8 scale tiles per padded row: D_V_PAD // 128 (>= 1)
     IS_FP8: tl.constexpr, SPLIT: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    PREFETCH: tl.constexpr,                 # 0: none, 1: slot ids of tile t+1, 2: rows of tile t+1
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, ROPE_VEC: tl.constexpr,
     MMA_DTYPE: tl.constexpr,
 ):
     # program -> (head block, split, batch row); head blocks of one (row, split) are adjacent in
@@ -92,9 +144,8 @@ def _sparse_mla_decode_fwd(
     else:
         q_nope = tl.load(q_row + offs_v[None, :], mask=h_ok[:, None] & (offs_v[None, :] < D_V), other=0.0)
     q_nope = q_nope.to(MMA_DTYPE)
-    if D_ROPE > 0:
-        q_rope = tl.load(q_row + D_V + offs_r[None, :],
-                         mask=h_ok[:, None] & (offs_r[None, :] < D_ROPE), other=0.0).to(MMA_DTYPE)
+    q_rope = tl.load(q_row + D_V + offs_r[None, :],
+                     mask=h_ok[:, None] & (offs_r[None, :] < D_ROPE), other=0.0).to(MMA_DTYPE)
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -103,35 +154,45 @@ def _sparse_mla_decode_fwd(
     n_tiles = tl.cdiv(K, BLOCK_N)
     t_begin = split * tiles_per_split
     t_end = tl.minimum(t_begin + tiles_per_split, n_tiles)
+    lim = tl.minimum(K, t_end * BLOCK_N)        # this split's tokens end here
     idx_row = idx_ptr + b.to(tl.int64) * stride_ib
+    if PREFETCH >= 1:
+        n_valid, n_row = _tile_rows(idx_row, t_begin, lim, num_slots, BLOCK_N)
+    if PREFETCH == 2:
+        n_nope, n_scales, n_rope = _gather_rows(
+            n_valid, n_row, kv_ptr, stride_kv, scale_ptr, stride_scale, scale_off,
+            rope_ptr, stride_rope, rope_off,
+            D_V, D_V_PAD, D_ROPE, D_ROPE_PAD, G, IS_FP8, BLOCK_N, ROPE_VEC)
     for t in range(t_begin, t_end):
-        offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
-        idx = tl.load(idx_row + offs_n, mask=offs_n < K, other=-1)
-        valid = (idx >= 0) & (idx < num_slots)
-        row = tl.where(valid, idx, 0).to(tl.int64)
-
-        # ---- gather the KV tile: [BLOCK_N, D_V_PAD] (K-NoPE and V) + [BLOCK_N, D_ROPE_PAD] ----
-        if D_V_PAD == D_V:
-            kv_mask = valid[:, None]
+        # ---- gather tile t (or take it from the prefetch and start on tile t + 1) ----
+        if PREFETCH == 0:
+            valid, row = _tile_rows(idx_row, t, lim, num_slots, BLOCK_N)
         else:
-            kv_mask = valid[:, None] & (offs_v[None, :] < D_V)
+            valid, row = n_valid, n_row
+            n_valid, n_row = _tile_rows(idx_row, t + 1, lim, num_slots, BLOCK_N)
+        if PREFETCH == 2:
+            nope, scales, rope = n_nope, n_scales, n_rope
+            n_nope, n_scales, n_rope = _gather_rows(
+                n_valid, n_row, kv_ptr, stride_kv, scale_ptr, stride_scale, scale_off,
+                rope_ptr, stride_rope, rope_off,
+                D_V, D_V_PAD, D_ROPE, D_ROPE_PAD, G, IS_FP8, BLOCK_N, ROPE_VEC)
+        else:
+            nope, scales, rope = _gather_rows(
+                valid, row, kv_ptr, stride_kv, scale_ptr, stride_scale, scale_off,
+                rope_ptr, stride_rope, rope_off,
+                D_V, D_V_PAD, D_ROPE, D_ROPE_PAD, G, IS_FP8, BLOCK_N, ROPE_VEC)
+
+        # ---- the KV tile as MMA operand [BLOCK_N, D_V_PAD]: K-NoPE and V at once ----
         if IS_FP8:
-            raw = tl.load(kv_ptr + row[:, None] * stride_kv + offs_v[None, :], mask=kv_mask, other=0)
-            vals = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-            offs_g = tl.arange(0, G)
-            sc = tl.load(scale_ptr + row[:, None] * stride_scale + scale_off + offs_g[None, :],
-                         mask=valid[:, None] & (offs_g[None, :] < D_V // 128), other=0.0)
-            vals = tl.reshape(vals, [BLOCK_N, G, 128]) * sc[:, :, None]
+            vals = nope.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+            vals = tl.reshape(vals, [BLOCK_N, G, D_V_PAD // G]) * scales[:, :, None]
             kv = tl.reshape(vals, [BLOCK_N, D_V_PAD]).to(MMA_DTYPE)
         else:
-            kv = tl.load(kv_ptr + row[:, None] * stride_kv + offs_v[None, :], mask=kv_mask,
-                         other=0.0).to(MMA_DTYPE)
+            kv = nope.to(MMA_DTYPE)
 
         s = tl.dot(q_nope, tl.trans(kv))
         if D_ROPE > 0:
-            k_rope = tl.load(rope_ptr + row[:, None] * stride_rope + rope_off + offs_r[None, :],
-                             mask=valid[:, None] & (offs_r[None, :] < D_ROPE), other=0.0)
-            s = tl.dot(q_rope, tl.trans(k_rope.to(MMA_DTYPE)), acc=s)
+            s = tl.dot(q_rope, tl.trans(rope.to(MMA_DTYPE)), acc=s)
 
         # ---- online softmax (base 2) ----
         s = tl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
@@ -224,16 +285,20 @@ def choose_num_splits(batch: int, num_heads: int, top_k: int, *, block_h: int = 
                     ("d_v", d_v), ("max_splits", max_splits)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-    n_tiles = triton.cdiv(top_k, block_n)
-    base = batch * triton.cdiv(num_heads, block_h)
+    return _choose_num_splits(batch, num_heads, top_k, block_h, block_n, num_sms, d_v, max_splits)
+
+
+@functools.lru_cache(maxsize=1024)
+def _choose_num_splits(batch, num_heads, top_k, block_h, block_n, num_sms, d_v, max_splits) -> int:
+    n_tiles = -(-top_k // block_n)
+    base = batch * -(-num_heads // block_h)
     tile_us = 3.9 * (block_h / 64.0) * (block_n / 64.0)
     best, best_cost = 1, math.inf
     for s in range(1, min(max_splits, n_tiles) + 1):
-        tps = triton.cdiv(n_tiles, s)
-        s_eff = triton.cdiv(n_tiles, tps)
-        if s_eff != s:
+        tps = -(-n_tiles // s)
+        if -(-n_tiles // tps) != s:
             continue                      # same work cut as a smaller s
-        waves = triton.cdiv(base * s, num_sms)
+        waves = -(-(base * s) // num_sms)
         cost = waves * (tps + 1.5) * tile_us
         if s > 1:
             partial_bytes = batch * num_heads * s * d_v * 8
@@ -241,6 +306,19 @@ def choose_num_splits(batch: int, num_heads: int, top_k: int, *, block_h: int = 
         if cost < best_cost - 1e-9:
             best, best_cost = s, cost
     return best
+
+
+@functools.lru_cache(maxsize=64)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _pow2_divisor(*vals: int, cap: int) -> int:
+    """Largest power of two <= ``cap`` dividing every value (alignment hint, in elements)."""
+    v = cap
+    while v > 1 and any(x % v for x in vals):
+        v //= 2
+    return v
 
 
 def _interpreting() -> bool:
@@ -254,7 +332,8 @@ def _is_pow2(x) -> bool:
 def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor,
                       sm_scale: float, d_v: int = 512, *,
                       block_h: Optional[int] = None, block_n: int = 64, num_warps: int = 8,
-                      num_stages: int = 2, num_splits: Optional[int] = None,
+                      num_stages: Optional[int] = None, num_splits: Optional[int] = None,
+                      prefetch: Optional[str] = None,
                       mma_dtype: Optional[torch.dtype] = None,
                       num_sms: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Sparse MQA decode over top-k gathered KV rows (Triton, flash-decoding).
@@ -275,8 +354,15 @@ def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Te
         block_h: query heads per program (power of two >= 16); default 64, or the next power
             of two >= H (at least 16) when H < 64.
         block_n: top-k tokens per KV tile (power of two >= 16).
-        num_warps, num_stages: Triton launch parameters of the main kernel.
+        num_warps: warps per program of the main kernel (8: two warpgroups share the
+            ``[64, 512]`` float32 accumulator).
+        num_stages: Triton software-pipelining depth of the main loop; default 2 for bf16
+            rows and 3 for fp8_ds_mla rows (H200: 3 does not fit shared memory for bf16).
         num_splits: top-k splits (flash-decoding); default :func:`choose_num_splits`.
+        prefetch: what of tile ``t + 1`` is fetched during tile ``t``, by hand, in
+            registers: ``"none"``, ``"index"`` (its slot ids, so each tile's gather waits on one
+            memory round trip instead of two; the default) or ``"rows"`` (the whole raw
+            tile; spills registers at d_v = 512).
         mma_dtype: MMA operand type, torch.bfloat16 or torch.float16; default bf16 on the
             GPU and fp16 under the Triton interpreter (see the module doc).
         num_sms: multiprocessors used by the split heuristic; default the device's (132 when
@@ -350,8 +436,14 @@ def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Te
         raise ValueError(f"block_n must be a power of two >= 16, got {block_n!r}")
     if num_warps not in (1, 2, 4, 8, 16):
         raise ValueError(f"num_warps must be one of 1, 2, 4, 8, 16, got {num_warps!r}")
+    if num_stages is None:
+        num_stages = 3 if kind == "fp8_ds_mla" else 2
     if not isinstance(num_stages, int) or isinstance(num_stages, bool) or num_stages < 1:
         raise ValueError(f"num_stages must be an int >= 1, got {num_stages!r}")
+    if prefetch is None:
+        prefetch = "index"
+    if prefetch not in _PREFETCH_MODES:
+        raise ValueError(f"prefetch must be one of {tuple(_PREFETCH_MODES)} or None, got {prefetch!r}")
     if mma_dtype is None:
         mma_dtype = torch.float16 if _interpreting() else torch.bfloat16
     if mma_dtype not in (torch.bfloat16, torch.float16):
@@ -362,7 +454,7 @@ def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Te
     top_k = indices.shape[1]
     n_tiles = triton.cdiv(top_k, block_n)
     if num_sms is None:
-        num_sms = (torch.cuda.get_device_properties(q.device).multi_processor_count
+        num_sms = (_num_sms(q.device.index if q.device.index is not None else torch.cuda.current_device())
                    if q.device.type == "cuda" else DEFAULT_NUM_SMS)
     if num_splits is None:
         num_splits = choose_num_splits(bsz, num_heads, max(top_k, 1), block_h=block_h,
@@ -416,8 +508,9 @@ def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Te
         sm_scale * _LOG2E,
         D_V=d_v, D_V_PAD=d_v_pad, D_ROPE=d_rope, D_ROPE_PAD=d_rope_pad,
         G=max(1, d_v_pad // FP8_TILE),
-        IS_FP8=(kind == "fp8_ds_mla"), SPLIT=split,
-        BLOCK_H=block_h, BLOCK_N=block_n,
+        IS_FP8=(kind == "fp8_ds_mla"), SPLIT=split, PREFETCH=_PREFETCH_MODES[prefetch],
+
+        BLOCK_H=block_h, BLOCK_N=block_n, ROPE_VEC=_pow2_divisor(stride_rope, rope_off, cap=8),
         MMA_DTYPE=tl.bfloat16 if mma_dtype == torch.bfloat16 else tl.float16,
         num_warps=num_warps, num_stages=num_stages,
     )

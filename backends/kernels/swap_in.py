@@ -31,6 +31,37 @@ NUM_COUNT_FIELDS = len(COUNT_FIELDS)
 
 
 @triton.jit
+def _bitonic_step(x, N: tl.constexpr, STAGE: tl.constexpr, DIST_LOG: tl.constexpr):
+    """One compare-exchange round of a bitonic sort of the int ``[N]`` block ``x``.
+
+    Elements ``2**DIST_LOG`` apart are ordered; a pair goes descending when bit ``STAGE`` of its
+    lower index is set (so merge stage ``STAGE`` leaves sorted runs of ``2**STAGE`` alternating
+    in direction, and the last stage, ``STAGE == log2(N)``, sorts everything ascending).
+    """
+    A: tl.constexpr = N >> (DIST_LOG + 1)
+    B: tl.constexpr = 1 << DIST_LOG
+    y = tl.reshape(x, [A, 2, B])
+    lo = tl.min(y, axis=1)
+    hi = tl.max(y, axis=1)
+    lower_idx = tl.arange(0, A)[:, None] * (2 * B) + tl.arange(0, B)[None, :]
+    desc = ((lower_idx >> STAGE) & 1) == 1
+    first = tl.where(desc, hi, lo)
+    second = tl.where(desc, lo, hi)
+    side = tl.arange(0, 2)[None, :, None]
+    return tl.reshape(tl.where(side == 0, first[:, None, :], second[:, None, :]), [N])
+
+
+@triton.jit
+def sort_ascending(x, N: tl.constexpr, LOG_N: tl.constexpr):
+    """Ascending bitonic sort of an int ``[N]`` block (``N == 2**LOG_N``), built from min/max
+    reductions (fast in the interpreter, unlike ``tl.sort``'s xor-reduction there)."""
+    for stage in tl.static_range(1, LOG_N + 1):
+        for j in tl.static_range(stage):
+            x = _bitonic_step(x, N, stage, stage - 1 - j)
+    return x
+
+
+@triton.jit
 def _lower_bound(table_ptr, n, key, STEPS: tl.constexpr):
     """Index of the first element >= ``key`` in the ascending ``table[0:n]`` (elementwise)."""
     lo = key * 0
@@ -56,7 +87,8 @@ def resolve_swap_in_kernel(
     scratch_ptr, scratch_stride,
     K, C, D, SLOTS_PER_REQ, ROW_BYTES, MAX_MISSES,
     UNIT: tl.constexpr, PAGE: tl.constexpr, PAGE_MODE: tl.constexpr,
-    K_PAD: tl.constexpr, BLOCK_C: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+    K_PAD: tl.constexpr, LOG_K_PAD: tl.constexpr, BLOCK_C: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr,
 ):
     """One program per batch row: resolves a top-k selection against the hot buffer.
 
@@ -90,11 +122,13 @@ def resolve_swap_in_kernel(
     pos = tl.load(topk_ptr + b.to(tl.int64) * topk_stride + offs, mask=offs < K, other=-1)
     valid = (pos >= 0) & (pos < seq)
     unit = tl.where(valid, pos // UNIT, -1)
+    # (block & scalar-bool is avoided: the Triton interpreter mistypes it)
     is_long = seq > D
-    newest_unit = (seq - 1) // UNIT
-    is_newest = valid & is_long & (unit == newest_unit)
+    long_blk = (pos * 0 + seq) > D
+    newest_unit = tl.where(is_long, (seq - 1) // UNIT, -2)
+    is_newest = valid & (unit == newest_unit)
     key = tl.where(valid & ~is_newest, unit, SENTINEL)
-    srt = tl.sort(key)
+    srt = sort_ascending(key, K_PAD, LOG_K_PAD)
     tl.store(s_sorted + offs, srt)
     tl.store(s_uslot + offs, tl.full([K_PAD], -1, tl.int32))
     tl.debug_barrier()
@@ -131,7 +165,8 @@ def resolve_swap_in_kernel(
 
     # ---- 3. misses take the least recent evictables; new LRU order; miss plan -----------------
     n_miss = tl.where(do_long, n_uniq - n_hit, 0)
-    mu = (offs < n_uniq) & do_long
+    n_live = tl.where(do_long, n_uniq, 0)
+    mu = offs < n_live
     uslot = tl.load(s_uslot + offs, mask=mu, other=-1)
     uu = tl.load(s_uniq + offs, mask=mu, other=0)
     is_hit = mu & (uslot >= 0)
@@ -161,9 +196,9 @@ def resolve_swap_in_kernel(
     tl.debug_barrier()
 
     # ---- 4. output slot table --------------------------------------------------------------
-    regular = valid & is_long & ~is_newest
+    regular = valid & long_blk & ~is_newest
     e_idx = _lower_bound(s_uniq, n_uniq, tl.where(regular, unit, SENTINEL), SEARCH_STEPS)
-    e_slot = tl.load(s_uslot + e_idx, mask=regular & do_long, other=0)
+    e_slot = tl.load(s_uslot + e_idx, mask=regular & (e_idx < n_live), other=0)
     long_out = base + e_slot * UNIT + pos % UNIT
     if PAGE_MODE:
         newest_out = base + D + pos % PAGE

@@ -1,0 +1,419 @@
+"""Lightning-indexer logits (Triton): ``logits[r, t] = sum_h w[r, h] * relu(q[r, h] . k_t)``.
+
+Two entry points share one kernel:
+
+* ``indexer_logits_paged`` (decode): keys from the paged index-key cache
+  (``harness/index_cache.py``: fp8 pages ``uint8 [pages, P*(D+4)]`` or bf16 ``[pages, P, D]``)
+  through a block table; output ``[B, max_len]``.
+* ``indexer_logits_ragged`` (extend): keys from a concatenated buffer ``[N, D]`` (bf16, or fp8
+  values + float32 scales), row ``r`` over keys ``[ks[r], ke[r])``; output ``[M, max_len]`` with
+  column ``j`` = key ``ks[r] + j``.
+
+Columns past a row's length are ``-inf``.
+
+Kernel: one program = one query row x a run of tokens; per tile of ``BLOCK_N`` tokens it loads
+the keys ``[BLOCK_N, D]``, computes ``S = K @ Q^T`` (``[BLOCK_N, H]``, tensor cores, float32
+accumulation), applies ReLU, the head weights and the per-token scale, and sums over heads.
+
+fp8 handling: the key bytes are read through a float8_e4m3fn view (Triton float8e4nv) and
+converted to float16 in registers (exact: every e4m3 value is a float16), so the kernel reads
+132 B per token (D=128) and never materialises a dequantized copy. bf16 keys are brought to
+float16 exactly the same way as the query below (a per-token power of two, undone after the
+head sum). The bf16 query is brought to float16 exactly by scaling each head by a power
+of two (so its largest element is in [2^14, 2^15)); the inverse power of two goes into that
+head's weight. Since ``relu(c*x) = c*relu(x)`` for ``c > 0``, the per-token key scale is applied
+once per token after the head sum. The same code runs on the GPU and in the Triton interpreter.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+_SCALE_BYTES = 4
+
+
+def _is_pow2(x: int) -> bool:
+    return x > 0 and (x & (x - 1)) == 0
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms_cached(device_type: str, index: Optional[int]) -> int:
+    if device_type == "cuda":
+        return torch.cuda.get_device_properties(index or 0).multi_processor_count
+    return 132
+
+
+def _num_sms(device: torch.device) -> int:
+    return _num_sms_cached(device.type, device.index)
+
+
+@triton.jit
+def _pow2_to_f16(x, axis: tl.constexpr):
+    """float32 ``x`` -> ``(x * 2^m_i as float16, 2^-m_i)`` per slice ``i`` along ``axis``.
+
+    ``m_i`` puts the slice's largest magnitude into [2^14, 2^15), so bf16-representable values
+    convert exactly (only values below 2^-29 of the slice maximum lose bits) and nothing
+    overflows. Multiplying a dot product by ``2^-m_i`` undoes the scaling exactly.
+    """
+    amax = tl.max(tl.abs(x), axis=axis)
+    e_amax = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    e_mul = tl.minimum(tl.maximum(268 - e_amax, 1), 253)
+    mul = (e_mul << 23).to(tl.float32, bitcast=True)
+    inv = ((254 - e_mul) << 23).to(tl.float32, bitcast=True)
+    return (x * tl.expand_dims(mul, axis)).to(tl.float16), inv
+
+
+@triton.jit
+def _indexer_logits_kernel(
+        q_ptr, w_ptr, k_ptr, s_ptr, bt_ptr, start_ptr, len_ptr, out_ptr,
+        stride_qm, stride_qh, stride_wm, stride_bt, stride_kpage, stride_spage, stride_kn,
+        stride_om, max_len, tiles_per_prog,
+        H: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+        KV_FP8: tl.constexpr, PAGED: tl.constexpr, TILE_IN_PAGE: tl.constexpr):
+    """Logits of one query row for ``tiles_per_prog`` tiles of ``BLOCK_N`` tokens.
+
+    PAGED: key of token t at page ``bt[row, t // PAGE]``, in-page slot ``t % PAGE``; fp8 values at
+    byte ``page * stride_kpage + slot * D``, scale at float ``page * stride_spage + PAGE*D/4 + slot``;
+    bf16 at element ``page * stride_kpage + slot * D``. Ragged: key row ``start[row] + t`` at
+    ``(start + t) * stride_kn``, scale at ``start + t``. Row length: ``len[row]`` (paged) or
+    ``len[row] - start[row]`` (ragged: ``len_ptr`` holds ``ke``).
+    """
+    row = tl.program_id(0)
+    t_begin = tl.program_id(1) * tiles_per_prog * BLOCK_N
+    if PAGED:
+        start = 0
+        length = tl.load(len_ptr + row)
+    else:
+        start = tl.load(start_ptr + row)
+        length = tl.load(len_ptr + row) - start
+    length = tl.minimum(tl.maximum(length, 0), max_len)
+    out_row = out_ptr + row.to(tl.int64) * stride_om
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    offs_h = tl.arange(0, H)
+
+    n_valid_tiles = tl.minimum(tl.cdiv(tl.maximum(length - t_begin, 0), BLOCK_N), tiles_per_prog)
+    if n_valid_tiles > 0:
+        q = tl.load(q_ptr + row.to(tl.int64) * stride_qm + offs_h[:, None] * stride_qh
+                    + offs_d[None, :]).to(tl.float32)
+        w = tl.load(w_ptr + row.to(tl.int64) * stride_wm + offs_h)
+        qt, q_inv = _pow2_to_f16(q, 1)
+        qt = tl.trans(qt)  # [D, H] float16
+        w = w * q_inv
+        for i in range(0, n_valid_tiles):
+            t = t_begin + i * BLOCK_N + offs_n
+            valid = t < length
+            if PAGED:
+                if TILE_IN_PAGE:
+                    # the whole tile lies in one page: one block-table read, contiguous keys
+                    t0 = t_begin + i * BLOCK_N
+                    page = tl.load(bt_ptr + row.to(tl.int64) * stride_bt + t0 // PAGE).to(tl.int64)
+                    slot = t0 % PAGE + offs_n
+                else:
+                    page = tl.load(bt_ptr + row.to(tl.int64) * stride_bt + t // PAGE, mask=valid,
+                                   other=0).to(tl.int64)
+                    slot = t % PAGE
+                k_off = page * stride_kpage + slot * D
+            else:
+                k_off = (start + t).to(tl.int64) * stride_kn
+            # rows past the length are left unfilled: each output row depends only on its own
+            # key row, and those rows are replaced by -inf below
+            k = tl.load(k_ptr + k_off[:, None] + offs_d[None, :], mask=valid[:, None])
+            if KV_FP8:
+                k = k.to(tl.float16)  # float8e4nv -> float16, exact
+            else:
+                k, k_inv = _pow2_to_f16(k.to(tl.float32), 1)
+            s = tl.dot(k, qt)  # [BLOCK_N, H] float32
+            logit = tl.sum(tl.maximum(s, 0.0) * w[None, :], axis=1)
+            if KV_FP8:
+                if PAGED:
+                    s_off = page * stride_spage + (PAGE * D) // 4 + slot
+                else:
+                    s_off = (start + t).to(tl.int64)
+                logit = logit * tl.load(s_ptr + s_off, mask=valid, other=0.0)
+            else:
+                logit = logit * k_inv
+            tl.store(out_row + t, tl.where(valid, logit, float("-inf")), mask=t < max_len)
+    # tiles of this program entirely past the row's length
+    neg = tl.full([BLOCK_N], float("-inf"), tl.float32)
+    for i in range(n_valid_tiles, tiles_per_prog):
+        t = t_begin + i * BLOCK_N + offs_n
+        tl.store(out_row + t, neg, mask=t < max_len)
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation
+# ----------------------------------------------------------------------------------------------
+
+
+def _check_q_w(q: torch.Tensor, weights: torch.Tensor) -> Tuple[int, int, int]:
+    if not isinstance(q, torch.Tensor) or q.dim() != 3 or q.dtype != torch.bfloat16:
+        raise ValueError("q must be a bfloat16 [rows, H, D] tensor")
+    R, H, D = q.shape
+    if not _is_pow2(H) or H < 16 or not _is_pow2(D) or D < 16:
+        raise ValueError(f"q heads H and dim D must be powers of two >= 16, got H={H}, D={D}")
+    if D > 1 and q.stride(2) != 1:
+        raise ValueError("q must be contiguous along its last dimension")
+    if (not isinstance(weights, torch.Tensor) or weights.dtype != torch.float32
+            or weights.shape != (R, H)):
+        raise ValueError(f"weights must be a float32 [{R}, {H}] tensor")
+    if weights.stride(1) != 1:
+        raise ValueError("weights must be contiguous along its last dimension")
+    if weights.device != q.device:
+        raise ValueError(f"weights is on {weights.device}, q on {q.device}")
+    return R, H, D
+
+
+def _check_int_vec(name: str, x: torch.Tensor, n: int, device: torch.device) -> None:
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.int32 or x.shape != (n,):
+        raise ValueError(f"{name} must be an int32 tensor of shape [{n}]")
+    if x.device != device:
+        raise ValueError(f"{name} is on {x.device}, q on {device}")
+
+
+def paged_cache_geometry(k_cache: torch.Tensor, head_dim: int) -> Tuple[bool, int]:
+    """``(is_fp8, page_size)`` of an index-key cache tensor; ValueError if it is neither layout."""
+    if k_cache.dtype == torch.uint8 and k_cache.dim() == 2:
+        bpt = head_dim + _SCALE_BYTES
+        row = k_cache.shape[1]
+        if row % bpt or not _is_pow2(row // bpt):
+            raise ValueError(f"fp8 k_cache rows must be page_size * {bpt} bytes with a "
+                             f"power-of-two page_size; got {row}")
+        if not k_cache.is_contiguous():
+            raise ValueError("k_cache must be contiguous")
+        return True, row // bpt
+    if k_cache.dtype == torch.bfloat16 and k_cache.dim() == 3 and k_cache.shape[2] == head_dim:
+        if not _is_pow2(k_cache.shape[1]):
+            raise ValueError(f"bf16 k_cache page size must be a power of two, got {k_cache.shape[1]}")
+        if not k_cache.is_contiguous():
+            raise ValueError("k_cache must be contiguous")
+        return False, k_cache.shape[1]
+    raise ValueError(f"k_cache must be uint8 [pages, P*({head_dim}+4)] (fp8) or bfloat16 "
+                     f"[pages, P, {head_dim}]; got {k_cache.dtype} {tuple(k_cache.shape)}")
+
+
+def _check_finite(name: str, x: torch.Tensor) -> None:
+    if not bool(torch.isfinite(x.float()).all()):
+        raise ValueError(f"{name} contains non-finite values")
+
+
+def validate_indexer_paged_inputs(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor,
+                                  block_table: torch.Tensor, seq_lens: torch.Tensor,
+                                  max_len: Optional[int] = None) -> None:
+    """Data checks for ``indexer_logits_paged`` (device sync; call outside timed regions).
+
+    Raises ValueError for non-finite q / weights, non-finite or non-positive fp8 scales or
+    non-finite keys in the pages the rows use, lengths < 0 or > ``max_len``, block tables too
+    short for a row, or pages out of range.
+    """
+    R, H, D = _check_q_w(q, weights)
+    is_fp8, P = paged_cache_geometry(k_cache, D)
+    _check_finite("q", q)
+    _check_finite("weights", weights)
+    if bool((seq_lens < 0).any()):
+        raise ValueError("seq_lens must be >= 0")
+    if max_len is not None and R and int(seq_lens.max()) > max_len:
+        raise ValueError(f"seq_lens exceed max_len={max_len}")
+    need = (seq_lens.long() + P - 1) // P
+    if bool((need > block_table.shape[1]).any()):
+        raise ValueError("block_table has fewer pages than some row's seq_len needs")
+    used = torch.arange(block_table.shape[1], device=q.device)[None, :] < need[:, None]
+    pages = block_table.long()[used]
+    if bool(((pages < 0) | (pages >= k_cache.shape[0])).any()):
+        raise ValueError(f"block_table pages out of range [0, {k_cache.shape[0]})")
+    used_pages = torch.unique(pages)
+    if is_fp8:
+        data = k_cache[used_pages]
+        vals = data[:, : P * D].reshape(-1, D).view(torch.float8_e4m3fn)
+        scales = data[:, P * D:].contiguous().view(torch.float32)
+        _check_finite("k_cache values", vals)
+        if not bool((torch.isfinite(scales) & (scales > 0)).all()):
+            raise ValueError("k_cache scales must be finite and > 0")
+    else:
+        _check_finite("k_cache", k_cache[used_pages])
+
+
+def validate_indexer_ragged_inputs(q: torch.Tensor, weights: torch.Tensor, k: torch.Tensor,
+                                   ks: torch.Tensor, ke: torch.Tensor,
+                                   k_scales: Optional[torch.Tensor] = None,
+                                   max_len: Optional[int] = None) -> None:
+    """Data checks for ``indexer_logits_ragged`` (device sync; outside timed regions).
+
+    Raises ValueError for non-finite q / weights / keys / scales, scales <= 0, or ranges with
+    ``ks < 0``, ``ke < ks``, ``ke > N`` or ``ke - ks > max_len``.
+    """
+    _check_q_w(q, weights)
+    _check_finite("q", q)
+    _check_finite("weights", weights)
+    if k.dtype in (torch.uint8, torch.float8_e4m3fn):
+        _check_finite("k", k.view(torch.float8_e4m3fn))
+        if not bool((torch.isfinite(k_scales) & (k_scales > 0)).all()):
+            raise ValueError("k_scales must be finite and > 0")
+    else:
+        _check_finite("k", k)
+    if bool(((ks < 0) | (ke < ks) | (ke > k.shape[0])).any()):
+        raise ValueError(f"need 0 <= ks <= ke <= N={k.shape[0]}")
+    if max_len is not None and ks.numel() and int((ke - ks).max()) > max_len:
+        raise ValueError(f"ke - ks exceeds max_len={max_len}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Launch
+# ----------------------------------------------------------------------------------------------
+
+
+def _launch_shape(rows: int, max_len: int, block_n: int, device: torch.device) -> Tuple[int, int]:
+    """(tiles per program, programs per row): about ``PROGRAMS_PER_SM`` programs per SM, each
+    at most ``MAX_TOKENS_PER_PROGRAM`` tokens (a power-of-two number of tiles)."""
+    tiles = triton.cdiv(max(max_len, 1), block_n)
+    max_tiles = max(1, MAX_TOKENS_PER_PROGRAM // block_n)
+    target = PROGRAMS_PER_SM * _num_sms(device)
+    per_prog = min(max_tiles, triton.next_power_of_2(max(1, triton.cdiv(rows * tiles, target))))
+    return per_prog, triton.cdiv(tiles, per_prog)
+
+
+def _alloc_out(out: Optional[torch.Tensor], rows: int, max_len: int,
+               device: torch.device) -> torch.Tensor:
+    if out is None:
+        return torch.empty((rows, max_len), dtype=torch.float32, device=device)
+    if out.dtype != torch.float32 or out.shape != (rows, max_len) or out.device != device \
+            or (max_len > 1 and out.stride(1) != 1):
+        raise ValueError(f"out must be a float32 [{rows}, {max_len}] tensor on {device}, "
+                         f"contiguous along its last dimension")
+    return out
+
+
+# Launch configuration (module-level so the benchmark's --tune can sweep it).
+BLOCK_N = 64
+"""Tokens per tile (the MMA's M dimension)."""
+NUM_WARPS = 4
+NUM_STAGES = 3
+MAX_TOKENS_PER_PROGRAM = 2048
+PROGRAMS_PER_SM = 4
+TILE_IN_PAGE_FASTPATH = True
+MAXNREG: Optional[int] = None
+"""Register cap per thread passed to Triton (None: the compiler's choice)."""
+"""Use the one-page-per-tile addressing when ``page_size % BLOCK_N == 0``."""
+
+
+def indexer_logits_paged(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor,
+                         block_table: torch.Tensor, seq_lens: torch.Tensor, *,
+                         max_len: Optional[int] = None, out: Optional[torch.Tensor] = None,
+                         check: bool = False) -> torch.Tensor:
+    """Indexer logits of one decode query per request over its paged index keys.
+
+    Args:
+        q: bfloat16 ``[B, H, D]`` index queries (H, D powers of two >= 16; e.g. 64 x 128).
+        weights: float32 ``[B, H]`` per-head weights (any softmax / head scales folded in).
+        k_cache: fp8 ``uint8 [num_pages, P*(D+4)]`` or bf16 ``[num_pages, P, D]`` (see
+            ``harness.index_cache``); ``P`` is inferred and must be a power of two.
+        block_table: int32 ``[B, max_pages]`` physical page of each logical page.
+        seq_lens: int32 ``[B]`` tokens per request.
+        max_len: output width, ``>= max(seq_lens)`` (default: ``max(seq_lens)``, a host sync).
+        out: optional float32 ``[B, max_len]`` output.
+        check: run ``validate_indexer_paged_inputs`` first (device sync).
+    Returns:
+        float32 ``[B, max_len]``: ``logits[b, t] = sum_h w[b,h] relu(q[b,h] . k_t)`` for
+        ``t < seq_lens[b]``, ``-inf`` after.
+    """
+    B, H, D = _check_q_w(q, weights)
+    is_fp8, P = paged_cache_geometry(k_cache, D)
+    dev = q.device
+    if k_cache.device != dev:
+        raise ValueError(f"k_cache is on {k_cache.device}, q on {dev}")
+    if (not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32
+            or block_table.dim() != 2 or block_table.shape[0] != B or block_table.device != dev):
+        raise ValueError(f"block_table must be an int32 [{B}, max_pages] tensor on {dev}")
+    if block_table.shape[1] > 1 and block_table.stride(1) != 1:
+        raise ValueError("block_table must be contiguous along its last dimension")
+    _check_int_vec("seq_lens", seq_lens, B, dev)
+    if max_len is not None and (not isinstance(max_len, int) or max_len < 0):
+        raise ValueError(f"max_len must be an int >= 0, got {max_len!r}")
+    if check:
+        validate_indexer_paged_inputs(q, weights, k_cache, block_table, seq_lens, max_len)
+    if max_len is None:
+        max_len = int(seq_lens.max().item()) if B else 0
+    out = _alloc_out(out, B, max_len, dev)
+    if B == 0 or max_len == 0:
+        return out
+    if is_fp8:
+        k_vals = k_cache.view(torch.float8_e4m3fn)
+        k_scl = k_cache.view(torch.float32)
+        stride_kpage, stride_spage = k_cache.stride(0), k_cache.stride(0) // _SCALE_BYTES
+    else:
+        k_vals, k_scl = k_cache, weights  # scale pointer unused
+        stride_kpage, stride_spage = k_cache.stride(0), 0
+    per_prog, n_split = _launch_shape(B, max_len, BLOCK_N, dev)
+    _indexer_logits_kernel[(B, n_split)](
+        q, weights, k_vals, k_scl, block_table, seq_lens, seq_lens, out,
+        q.stride(0), q.stride(1), weights.stride(0), block_table.stride(0),
+        stride_kpage, stride_spage, D, out.stride(0), max_len, per_prog,
+        H=H, D=D, PAGE=P, BLOCK_N=BLOCK_N, KV_FP8=is_fp8, PAGED=True,
+        TILE_IN_PAGE=TILE_IN_PAGE_FASTPATH and P % BLOCK_N == 0,
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES, **_extra_launch_options())
+    return out
+
+
+def _extra_launch_options() -> dict:
+    return {} if MAXNREG is None else {"maxnreg": MAXNREG}
+
+
+def indexer_logits_ragged(q: torch.Tensor, weights: torch.Tensor, k: torch.Tensor,
+                          ks: torch.Tensor, ke: torch.Tensor, *,
+                          k_scales: Optional[torch.Tensor] = None, max_len: Optional[int] = None,
+                          out: Optional[torch.Tensor] = None, check: bool = False) -> torch.Tensor:
+    """Indexer logits of extend queries over a concatenated key buffer (causal ranges).
+
+    Args:
+        q: bfloat16 ``[M, H, D]``; weights: float32 ``[M, H]``.
+        k: ``[N, D]`` keys: bfloat16, or fp8 values (uint8 / float8_e4m3fn) with ``k_scales``.
+        ks, ke: int32 ``[M]``: row ``r`` scores keys ``[ks[r], ke[r])``.
+        k_scales: float32 ``[N]`` per-key scales (fp8 keys only).
+        max_len: output width ``>= max(ke - ks)`` (default: that maximum, a host sync).
+        out: optional float32 ``[M, max_len]`` output.
+        check: run ``validate_indexer_ragged_inputs`` first (device sync).
+    Returns:
+        float32 ``[M, max_len]``; column ``j`` holds key ``ks[r] + j``; ``-inf`` for
+        ``j >= ke[r] - ks[r]``.
+    """
+    M, H, D = _check_q_w(q, weights)
+    dev = q.device
+    if not isinstance(k, torch.Tensor) or k.dim() != 2 or k.shape[1] != D or k.device != dev:
+        raise ValueError(f"k must be a [N, {D}] tensor on {dev}")
+    if k.stride(1) != 1:
+        raise ValueError("k must be contiguous along its last dimension")
+    is_fp8 = k.dtype in (torch.uint8, torch.float8_e4m3fn)
+    if is_fp8:
+        if (not isinstance(k_scales, torch.Tensor) or k_scales.dtype != torch.float32
+                or k_scales.shape != (k.shape[0],) or k_scales.device != dev):
+            raise ValueError(f"fp8 k needs k_scales: a float32 [{k.shape[0]}] tensor on {dev}")
+        if k_scales.stride(0) != 1:
+            raise ValueError("k_scales must be contiguous")
+        k = k.view(torch.float8_e4m3fn)
+    elif k.dtype != torch.bfloat16:
+        raise ValueError(f"k must be bfloat16, uint8 or float8_e4m3fn, got {k.dtype}")
+    elif k_scales is not None:
+        raise ValueError("k_scales is only for fp8 keys")
+    _check_int_vec("ks", ks, M, dev)
+    _check_int_vec("ke", ke, M, dev)
+    if max_len is not None and (not isinstance(max_len, int) or max_len < 0):
+        raise ValueError(f"max_len must be an int >= 0, got {max_len!r}")
+    if check:
+        validate_indexer_ragged_inputs(q, weights, k, ks, ke, k_scales, max_len)
+    if max_len is None:
+        max_len = max(int((ke - ks).max().item()), 0) if M else 0
+    out = _alloc_out(out, M, max_len, dev)
+    if M == 0 or max_len == 0:
+        return out
+    per_prog, n_split = _launch_shape(M, max_len, BLOCK_N, dev)
+    _indexer_logits_kernel[(M, n_split)](
+        q, weights, k, k_scales if is_fp8 else weights, ks, ks, ke, out,
+        q.stride(0), q.stride(1), weights.stride(0), 0, 0, 0, k.stride(0), out.stride(0),
+        max_len, per_prog,
+        H=H, D=D, PAGE=1, BLOCK_N=BLOCK_N, KV_FP8=is_fp8, PAGED=False, TILE_IN_PAGE=False,
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES, **_extra_launch_options())
+    return out

@@ -1,0 +1,503 @@
+"""Per-row top-k over variable-length rows of indexer logits (Triton), and its plan.
+
+Algorithm (exact, deterministic; ``k`` = ``top_k``, ``L`` = a row's length, ``CAP`` = the
+candidate capacity of one program, ``4 * next_pow2(k)`` clamped to ``[64, 16384]``):
+
+* ``L <= k`` (pass-through): positions ``0 .. L-1`` then ``-1``.
+* ``k < L <= CAP`` (direct): the whole row is loaded into one program as candidates.
+* ``L > CAP`` (sample + scan): a *threshold* kernel sorts nothing: it takes a strided sample of
+  ``SAMPLE`` values of the row and picks, by bisection on the order-preserving key, the value
+  ``t`` of rank ``ceil(SAMPLE * 2k / L)``, so that about ``2k`` row elements are ``>= t``. A *scan*
+  kernel (the row split into chunks over several programs, as planned) compacts the positions
+  of elements ``>= t`` into per-chunk candidate lists, in position order, and counts them.
+  When the total lies in ``[k, CAP]`` (almost always) the *select* kernel gathers the candidates
+  into one program; otherwise it falls back to an exact bisection over the whole row (32 count
+  passes; slow, but correct for any input, e.g. rows of all-equal values).
+* Select: the k-th largest key ``T`` is found by a 32-step bit bisection over the candidates'
+  keys (``count(key >= T) >= k``); every element ``> T`` is taken and elements ``== T`` are taken
+  in ascending position order until ``k`` are selected (ties: lower position wins). Output
+  positions are written in ascending order. An optional epilogue maps positions through the
+  PAGED or RAGGED index transform (see ``topk_transform.py``) before the store.
+
+The key of a float32 ``v`` is its bit pattern mapped so that unsigned integer order equals float
+order (``-inf < ... < -0.0 < +0.0 < ... < +inf``; NaN sorts beyond +/-inf by its sign).
+
+``plan_topk`` depends only on the lengths: it is computed once per step and reused by every
+layer (it owns the scratch buffers and decides how long rows are split across programs).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+SAMPLE_MAX = 2048
+"""Sample size of the threshold kernel (capped at CAP)."""
+SCAN_BLOCK_MAX = 4096
+"""Elements per scan-loop iteration."""
+SCAN_WARPS = 8
+SELECT_WARPS = 16
+RADIX_BITS = 1
+"""Bits resolved per step of the k-th-key radix search (1, 2 or 4; 1 measured fastest)."""
+SELECT_STAGES = 3
+SCAN_STAGES = 3
+MIN_CHUNK = 8192
+"""Smallest chunk a long row is split into (per scan program)."""
+
+METHOD_NONE = 0
+METHOD_PAGED = 1
+METHOD_RAGGED = 2
+
+_PLAN_BUILDS = 0
+
+
+def plan_build_count() -> int:
+    """How many times ``plan_topk`` has run in this process (the harness reads it per step)."""
+    return _PLAN_BUILDS
+
+
+def reset_plan_build_count() -> None:
+    global _PLAN_BUILDS
+    _PLAN_BUILDS = 0
+
+
+def _next_pow2(x: int) -> int:
+    return 1 if x <= 1 else 1 << (int(x) - 1).bit_length()
+
+
+def candidate_capacity(top_k: int) -> int:
+    """Candidates one select program holds: ``4 * next_pow2(top_k)`` clamped to [64, 16384]."""
+    return max(64, min(16384, 4 * _next_pow2(top_k)))
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device.index or 0).multi_processor_count
+    return 132
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton helpers
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _order_key(v):
+    """float32 -> uint32 key whose unsigned order is the float order."""
+    bits = v.to(tl.int32, bitcast=True)
+    bits = tl.where(bits == -2147483648, 0, bits)  # -0.0 -> +0.0 (they compare equal)
+    flip = (bits >> 31) | -2147483648  # negative: flip all bits; positive: flip the sign bit
+    return (bits ^ flip).to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def _kth_largest_key(key, k, BITS: tl.constexpr):
+    """Largest uint32 ``T`` with ``count(key >= T) >= k`` (= the k-th largest key).
+
+    Entries to ignore must carry key 0: every probe is >= 1, so they are never counted (no real
+    float maps to 0; only the negative NaN ``0xFFFFFFFF`` would). Radix search from the top,
+    ``BITS`` bits per step: 1 = a plain bisection (32 block reductions); 2 or 4 count all
+    ``2^BITS`` extensions of the prefix per step (fewer, wider reductions).
+    """
+    T = tl.zeros([], dtype=tl.uint32)
+    if BITS == 1:
+        bit = tl.full([], 1, tl.uint32) << 31
+        for _ in range(32):
+            cand = T | bit
+            cnt = tl.sum((key >= cand).to(tl.int32), axis=0)
+            T = tl.where(cnt >= k, cand, T)
+            bit = bit >> 1
+    else:
+        NB: tl.constexpr = 1 << BITS
+        j = tl.arange(0, NB).to(tl.uint32)
+        sh = tl.full([], 32 - BITS, tl.uint32)
+        for _ in range(32 // BITS):
+            cand = T | (j << sh)  # [NB]
+            cnt = tl.sum((key[:, None] >= cand[None, :]).to(tl.int32), axis=0)  # non-increasing
+            T = T | (tl.max(tl.where(cnt >= k, j, 0), axis=0) << sh)
+            sh = sh - BITS
+    return T
+
+
+@triton.jit
+def _transform_positions(pos, row, METHOD: tl.constexpr, bt_ptr, stride_bt, req_ptr,
+                         HAS_REQ: tl.constexpr, page_size, off_ptr):
+    """Index-transform epilogue on int32 positions of one row (``-1`` stays ``-1``).
+
+    METHOD 0: identity; 1 (PAGED): ``block_table[req, p // P] * P + p % P`` with ``req`` the row
+    (or ``req_ptr[row]``); 2 (RAGGED): ``p + off_ptr[row]``.
+    """
+    if METHOD == 1:
+        if HAS_REQ:
+            req = tl.load(req_ptr + row).to(tl.int64)
+        else:
+            req = row.to(tl.int64)
+        valid = pos >= 0
+        p = tl.where(valid, pos, 0)
+        page = tl.load(bt_ptr + req * stride_bt + p // page_size, mask=valid, other=0)
+        res = tl.where(valid, page * page_size + p % page_size, -1)
+    elif METHOD == 2:
+        off = tl.load(off_ptr + row)
+        res = tl.where(pos >= 0, pos + off, -1)
+    else:
+        res = pos
+    return res
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _topk_threshold_kernel(logits_ptr, stride_l, n_cols, len_ptr, thr_ptr, target,
+                           CAP: tl.constexpr, SAMPLE: tl.constexpr, RADIX_BITS: tl.constexpr):
+    """Per long row: key of a sample quantile such that about ``target`` elements are >= it."""
+    row = tl.program_id(0)
+    length = tl.minimum(tl.load(len_ptr + row), n_cols)
+    if length > CAP:
+        i = tl.arange(0, SAMPLE).to(tl.int64)
+        pos = (i * length) // SAMPLE
+        v = tl.load(logits_ptr + row.to(tl.int64) * stride_l + pos)
+        r = tl.minimum(tl.maximum((SAMPLE * target + length - 1) // length, 1), SAMPLE)
+        t = _kth_largest_key(_order_key(v), r, RADIX_BITS)
+        tl.store(thr_ptr + row, t.to(tl.int32, bitcast=True))
+
+
+@triton.jit
+def _topk_scan_kernel(logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, thr_ptr, cand_ptr,
+                      cnt_ptr, chunk_size, max_chunks, CAP: tl.constexpr, BLOCK: tl.constexpr):
+    """One chunk of a long row: positions of elements >= the row's threshold, in order."""
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    n_chunks = tl.load(chunks_ptr + row)
+    if chunk < n_chunks:
+        length = tl.minimum(tl.load(len_ptr + row), n_cols)
+        t = tl.load(thr_ptr + row).to(tl.uint32, bitcast=True)
+        start = chunk * chunk_size
+        end = tl.minimum(start + chunk_size, length)
+        base = logits_ptr + row.to(tl.int64) * stride_l
+        slot_base = cand_ptr + (row.to(tl.int64) * max_chunks + chunk) * CAP
+        cnt = 0
+        for off in range(start, end, BLOCK):
+            p = off + tl.arange(0, BLOCK)
+            m = p < end
+            v = tl.load(base + p, mask=m, other=0.0)
+            sel = m & (_order_key(v) >= t)
+            slot = cnt + tl.cumsum(sel.to(tl.int32), axis=0) - 1
+            tl.store(slot_base + slot, p, mask=sel & (slot < CAP))
+            cnt += tl.sum(sel.to(tl.int32), axis=0)
+        tl.store(cnt_ptr + row * max_chunks + chunk, cnt)
+
+
+@triton.jit
+def _topk_select_kernel(logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, cand_ptr, cnt_ptr,
+                        max_chunks, chunk_size, out_ptr, stride_o, top_k,
+                        bt_ptr, stride_bt, req_ptr, page_size, off_ptr,
+                        METHOD: tl.constexpr, HAS_REQ: tl.constexpr, CAP: tl.constexpr,
+                        BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr):
+    """Final top-k of one row (pass-through / candidates / exact fallback) + transform epilogue."""
+    row = tl.program_id(0)
+    length = tl.minimum(tl.load(len_ptr + row), n_cols)
+    out_row = out_ptr + row.to(tl.int64) * stride_o
+    base = logits_ptr + row.to(tl.int64) * stride_l
+    if length <= top_k:
+        # pass-through: every position, then -1 padding
+        for off in range(0, top_k, BLOCK):
+            i = off + tl.arange(0, BLOCK)
+            pos = tl.where(i < length, i, -1)
+            res = _transform_positions(pos, row, METHOD, bt_ptr, stride_bt, req_ptr, HAS_REQ,
+                                       page_size, off_ptr)
+            tl.store(out_row + i, res, mask=i < top_k)
+    else:
+        idx = tl.arange(0, CAP)
+        n_chunks = tl.load(chunks_ptr + row)
+        total = length
+        src = idx
+        if n_chunks > 0:
+            # gather the chunk candidate lists (concatenated in chunk order = position order)
+            total = 0
+            src = tl.zeros([CAP], dtype=tl.int32) - 1
+            for c in range(0, n_chunks):
+                cnt_c = tl.load(cnt_ptr + row * max_chunks + c)
+                in_c = (idx >= total) & (idx < total + cnt_c)
+                src = tl.where(in_c, (row * max_chunks + c) * CAP + idx - total, src)
+                total += cnt_c
+        # the chunks must cover the row (a plan built for shorter rows falls back, still exact)
+        covered = n_chunks.to(tl.int64) * chunk_size >= length
+        if (total >= top_k) & (total <= CAP) & ((n_chunks == 0) | covered):
+            valid = idx < total
+            if n_chunks > 0:
+                pos = tl.load(cand_ptr + src.to(tl.int64), mask=valid, other=0)
+            else:
+                pos = idx
+            key = tl.where(valid, _order_key(tl.load(base + pos, mask=valid, other=0.0)), 0)
+            T = _kth_largest_key(key, top_k, RADIX_BITS)  # T >= 1: invalid (key 0) never match
+            gt = key > T
+            eq = key == T
+            need = top_k - tl.sum(gt.to(tl.int32), axis=0)
+            sel = gt | (eq & (tl.cumsum(eq.to(tl.int32), axis=0) <= need))
+            slot = tl.cumsum(sel.to(tl.int32), axis=0) - 1
+            res = _transform_positions(pos, row, METHOD, bt_ptr, stride_bt, req_ptr, HAS_REQ,
+                                       page_size, off_ptr)
+            tl.store(out_row + slot, res, mask=sel)
+        else:
+            # exact fallback over the whole row: bit bisection by counting passes
+            T = tl.zeros([], dtype=tl.uint32)
+            bit = tl.full([], 1, tl.uint32) << 31
+            for _ in range(32):
+                cand = T | bit
+                cnt = 0
+                for off in range(0, length, BLOCK):
+                    p = off + tl.arange(0, BLOCK)
+                    m = p < length
+                    key = _order_key(tl.load(base + p, mask=m, other=0.0))
+                    cnt += tl.sum((m & (key >= cand)).to(tl.int32), axis=0)
+                T = tl.where(cnt >= top_k, cand, T)
+                bit = bit >> 1
+            n_gt = 0
+            for off in range(0, length, BLOCK):
+                p = off + tl.arange(0, BLOCK)
+                m = p < length
+                key = _order_key(tl.load(base + p, mask=m, other=0.0))
+                n_gt += tl.sum((m & (key > T)).to(tl.int32), axis=0)
+            need = top_k - n_gt
+            n_eq = 0
+            n_out = 0
+            for off in range(0, length, BLOCK):
+                p = off + tl.arange(0, BLOCK)
+                m = p < length
+                key = _order_key(tl.load(base + p, mask=m, other=0.0))
+                eq = m & (key == T)
+                sel = (m & (key > T)) | (eq & (n_eq + tl.cumsum(eq.to(tl.int32), axis=0) <= need))
+                slot = n_out + tl.cumsum(sel.to(tl.int32), axis=0) - 1
+                res = _transform_positions(p, row, METHOD, bt_ptr, stride_bt, req_ptr, HAS_REQ,
+                                           page_size, off_ptr)
+                tl.store(out_row + slot, res, mask=sel)
+                n_eq += tl.sum(eq.to(tl.int32), axis=0)
+                n_out += tl.sum(sel.to(tl.int32), axis=0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Plan
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TopkPlan:
+    """What ``plan_topk`` decided for one step's lengths; consumed by every top-k call.
+
+    Attributes:
+        top_k: k the plan was built for.
+        batch: number of rows ``B``.
+        max_len: longest row (host int): sizes the grids.
+        lengths: int32 ``[B]`` row lengths (device).
+        row_chunks: int32 ``[B]`` (device): 0 for rows handled by one select program
+            (pass-through ``L <= top_k`` or direct ``L <= cap``), else the number of scan
+            programs the row is split over, ``ceil(L / chunk_size)``.
+        cap: candidate capacity of one select program.
+        chunk_size: elements per scan program.
+        max_chunks: ``ceil(max_len / chunk_size)`` if any row is long, else 0 (no scan launch).
+        sample: sample size of the threshold kernel.
+        candidates: int32 ``[B, max_chunks, cap]`` scratch (positions of candidates).
+        counts: int32 ``[B, max_chunks]`` scratch (candidates per chunk).
+        thresholds: int32 ``[B]`` scratch (threshold keys, uint32 bit patterns).
+        uses: number of top-k calls that consumed this plan.
+    """
+
+    top_k: int
+    batch: int
+    max_len: int
+    lengths: torch.Tensor
+    row_chunks: torch.Tensor
+    cap: int
+    chunk_size: int
+    max_chunks: int
+    sample: int
+    candidates: torch.Tensor
+    counts: torch.Tensor
+    thresholds: torch.Tensor
+    uses: int = field(default=0)
+
+    @property
+    def device(self) -> torch.device:
+        return self.lengths.device
+
+    @property
+    def needs_scan(self) -> bool:
+        """True when some row is longer than ``cap`` (threshold + scan kernels launch)."""
+        return self.max_chunks > 0
+
+
+def plan_topk(seq_lens: torch.Tensor, top_k: int, *, max_len: Optional[int] = None,
+              chunk_size: Optional[int] = None, num_sms: Optional[int] = None) -> TopkPlan:
+    """Plan the top-k of one step from the row lengths alone (reuse it for every layer).
+
+    Args:
+        seq_lens: int32 ``[B]`` row lengths (>= 0), on the device the logits will be on.
+        top_k: k (>= 1; may exceed every length: rows are then -1 padded).
+        max_len: ``max(seq_lens)`` if the caller knows it (avoids a device->host sync).
+        chunk_size: elements per scan program (power of two >= 16); default: chosen so the
+            long rows give about 4 programs per SM, at least ``MIN_CHUNK``.
+        num_sms: SM count (default: the device's; 132 on the CPU).
+    Returns:
+        A ``TopkPlan`` (small tensors plus scratch buffers).
+    """
+    global _PLAN_BUILDS
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
+        raise ValueError(f"top_k must be an int >= 1, got {top_k!r}")
+    if not isinstance(seq_lens, torch.Tensor) or seq_lens.dim() != 1 or seq_lens.dtype != torch.int32:
+        raise ValueError("seq_lens must be a 1-D int32 tensor")
+    B = seq_lens.shape[0]
+    dev = seq_lens.device
+    if max_len is None:
+        if B and bool((seq_lens < 0).any()):
+            raise ValueError("seq_lens must be >= 0")
+        max_len = int(seq_lens.max().item()) if B else 0
+    if max_len < 0:
+        raise ValueError(f"max_len must be >= 0, got {max_len}")
+    cap = candidate_capacity(top_k)
+    if chunk_size is None:
+        target = 4 * (num_sms or _num_sms(dev))
+        chunk_size = max(MIN_CHUNK, _next_pow2(triton.cdiv(max(B * max_len, 1), target)))
+        chunk_size = min(chunk_size, max(MIN_CHUNK, _next_pow2(max_len)))
+    elif chunk_size < 16 or chunk_size & (chunk_size - 1):
+        raise ValueError(f"chunk_size must be a power of two >= 16, got {chunk_size}")
+    long_rows = max_len > cap
+    max_chunks = triton.cdiv(max_len, chunk_size) if long_rows else 0
+    lens = seq_lens.clamp_min(0)
+    row_chunks = torch.where(lens > cap, (lens + chunk_size - 1) // chunk_size,
+                             torch.zeros_like(lens)).clamp_max(max_chunks).to(torch.int32)
+    _PLAN_BUILDS += 1
+    return TopkPlan(
+        top_k=top_k, batch=B, max_len=max_len, lengths=seq_lens, row_chunks=row_chunks, cap=cap,
+        chunk_size=chunk_size, max_chunks=max_chunks, sample=min(SAMPLE_MAX, cap),
+        candidates=torch.empty((B, max_chunks, cap), dtype=torch.int32, device=dev),
+        counts=torch.zeros((B, max_chunks), dtype=torch.int32, device=dev),
+        thresholds=torch.zeros((B,), dtype=torch.int32, device=dev),
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Launch
+# ----------------------------------------------------------------------------------------------
+
+
+def validate_topk_inputs(logits: torch.Tensor, lengths: torch.Tensor, top_k: int) -> None:
+    """Torch-side checks that read data (device sync; call outside timed regions).
+
+    Raises ValueError unless every length is in ``[0, logits.shape[1]]`` and no logit inside a
+    row's length is NaN (``-inf`` / ``+inf`` are allowed).
+    """
+    _check_topk_shapes(logits, lengths, top_k)
+    if lengths.numel():
+        if bool((lengths < 0).any()):
+            raise ValueError("lengths must be >= 0")
+        if bool((lengths > logits.shape[1]).any()):
+            raise ValueError(f"lengths must be <= logits.shape[1] = {logits.shape[1]}")
+        cols = torch.arange(logits.shape[1], device=logits.device)
+        inside = cols[None, :] < lengths[:, None]
+        if bool((torch.isnan(logits) & inside).any()):
+            raise ValueError("logits contain NaN inside a row's length")
+
+
+def _check_topk_shapes(logits: torch.Tensor, lengths: torch.Tensor, top_k: int) -> None:
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.dtype != torch.float32:
+        raise ValueError("logits must be a float32 [B, N] tensor")
+    if logits.shape[1] > 0 and logits.stride(1) != 1:
+        raise ValueError("logits must be contiguous along its last dimension")
+    if (not isinstance(lengths, torch.Tensor) or lengths.dtype != torch.int32
+            or lengths.shape != (logits.shape[0],)):
+        raise ValueError(f"lengths must be an int32 tensor of shape [{logits.shape[0]}]")
+    if lengths.device != logits.device:
+        raise ValueError(f"lengths is on {lengths.device}, logits on {logits.device}")
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
+        raise ValueError(f"top_k must be an int >= 1, got {top_k!r}")
+
+
+def _check_plan(plan: TopkPlan, logits: torch.Tensor, lengths: torch.Tensor, top_k: int) -> None:
+    if not isinstance(plan, TopkPlan):
+        raise ValueError("plan must be a TopkPlan from plan_topk()")
+    if plan.top_k != top_k:
+        raise ValueError(f"plan was built for top_k={plan.top_k}, called with top_k={top_k}")
+    if plan.batch != logits.shape[0]:
+        raise ValueError(f"plan was built for {plan.batch} rows, logits have {logits.shape[0]}")
+    if plan.device != logits.device:
+        raise ValueError(f"plan is on {plan.device}, logits on {logits.device}")
+    if plan.lengths is not lengths and (plan.lengths.data_ptr() != lengths.data_ptr()):
+        raise ValueError("plan was built for a different lengths tensor")
+
+
+def launch_topk(logits: torch.Tensor, lengths: torch.Tensor, top_k: int, plan: TopkPlan,
+                out: torch.Tensor, method: int = METHOD_NONE, block_table: Optional[torch.Tensor] = None,
+                row_req: Optional[torch.Tensor] = None, page_size: int = 1,
+                row_offsets: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Launch the planned kernels (no validation: callers validate). ``out``: int32 [B, top_k]."""
+    B, N = logits.shape
+    plan.uses += 1
+    if B == 0:
+        return out
+    dummy = lengths
+    bt = block_table if block_table is not None else dummy
+    stride_bt = block_table.stride(0) if block_table is not None else 0
+    req = row_req if row_req is not None else dummy
+    offs = row_offsets if row_offsets is not None else dummy
+    if plan.needs_scan:
+        _topk_threshold_kernel[(B,)](logits, logits.stride(0), N, lengths, plan.thresholds,
+                                     min(2 * top_k, (top_k + plan.cap) // 2),
+                                     CAP=plan.cap, SAMPLE=plan.sample, RADIX_BITS=RADIX_BITS,
+                                     num_warps=4)
+        _topk_scan_kernel[(B, plan.max_chunks)](
+            logits, logits.stride(0), N, lengths, plan.row_chunks, plan.thresholds,
+            plan.candidates, plan.counts, plan.chunk_size, plan.max_chunks,
+            CAP=plan.cap, BLOCK=min(SCAN_BLOCK_MAX, plan.chunk_size), num_warps=SCAN_WARPS,
+            num_stages=SCAN_STAGES)
+    _topk_select_kernel[(B,)](
+        logits, logits.stride(0), N, lengths, plan.row_chunks, plan.candidates, plan.counts,
+        max(plan.max_chunks, 1), plan.chunk_size, out, out.stride(0), top_k,
+        bt, stride_bt, req, page_size, offs,
+        METHOD=method, HAS_REQ=row_req is not None, CAP=plan.cap,
+        BLOCK=min(SCAN_BLOCK_MAX, plan.cap), RADIX_BITS=RADIX_BITS,
+        num_warps=SELECT_WARPS if plan.cap >= 4096 else min(SELECT_WARPS, 8),
+        num_stages=SELECT_STAGES)
+    return out
+
+
+def topk_per_row(logits: torch.Tensor, lengths: torch.Tensor, top_k: int, *,
+                 plan: Optional[TopkPlan] = None, out: Optional[torch.Tensor] = None,
+                 check: bool = False) -> torch.Tensor:
+    """Top-``top_k`` positions of each row's first ``lengths[b]`` logits.
+
+    Args:
+        logits: float32 ``[B, N]`` (last dim contiguous); entries past a row's length are ignored.
+        lengths: int32 ``[B]`` valid length of each row (``0 <= lengths[b] <= N``).
+        top_k: k >= 1 (may exceed the lengths: the row is then -1 padded).
+        plan: a ``plan_topk(lengths, top_k)`` result to reuse (built here if None).
+        out: optional int32 ``[B, top_k]`` output.
+        check: also run ``validate_topk_inputs`` (syncs; reads the data).
+    Returns:
+        int32 ``[B, top_k]``: selected positions in ascending order, then ``-1`` where the row
+        has fewer than ``top_k`` elements. Ties at the k-th value go to lower positions.
+    """
+    _check_topk_shapes(logits, lengths, top_k)
+    if check:
+        validate_topk_inputs(logits, lengths, top_k)
+    if plan is None:
+        plan = plan_topk(lengths, top_k)
+    _check_plan(plan, logits, lengths, top_k)
+    out = _check_out(out, logits, top_k)
+    return launch_topk(logits, lengths, top_k, plan, out)
+
+
+def _check_out(out: Optional[torch.Tensor], logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    B = logits.shape[0]
+    if out is None:
+        return torch.empty((B, top_k), dtype=torch.int32, device=logits.device)
+    if out.dtype != torch.int32 or out.shape != (B, top_k) or out.device != logits.device \
+            or (top_k > 1 and out.stride(1) != 1):
+        raise ValueError(f"out must be an int32 [{B}, {top_k}] tensor on {logits.device}, "
+                         f"contiguous along its last dimension")
+    return out

@@ -1,0 +1,197 @@
+"""Triton sparse MLA decode vs the plain-torch reference, both KV row formats.
+
+Tolerances. The kernel rounds P and (for fp8_ds_mla) the dequantized K/V to the MMA operand type
+(bf16 on the GPU, fp16 in the interpreter) and the output to bf16; bf16 rounding alone is a
+relative error of at most 2^-9 ~ 2e-3 per element (about 1e-3 rms), and the measured
+||out - ref|| / ||ref|| is 2e-3 (bf16 rows) / 3e-3 (fp8 rows) on the H200 and 3.3e-3 in the
+interpreter. REL_TOL = 1e-2 leaves a 3x margin over that and still fails on any real error
+(the duplicate test below checks that dropping ten copies of one slot out of 64 is caught). The lse compares
+exactly computed logits for bf16 rows (measured 5e-6); for fp8 rows the logits use bf16-rounded
+dequantized K (measured up to 5e-3 at top_k 2048), hence LSE_TOL_FP8 = 2e-2.
+"""
+import math
+
+import pytest
+import torch
+
+from backends.kernels.sparse_mla_decode import choose_num_splits, sparse_mla_decode
+from harness.kv_format import make_kv_cache
+from harness.reference import sparse_mla_decode_ref
+
+REL_TOL = 1e-2
+LSE_TOL_BF16 = 1e-3
+LSE_TOL_FP8 = 2e-2
+
+
+def _inputs(seed, b, h, d_nope, d_rope, k, num_slots, kv_dtype, device, pad_frac=0.1):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, d_nope + d_rope, generator=g).to(torch.bfloat16)
+    kv = (torch.randn(num_slots, d_nope + d_rope, generator=g) * 2).to(torch.bfloat16)
+    idx = torch.randint(0, num_slots, (b, k), generator=g, dtype=torch.int32)
+    idx[torch.rand(b, k, generator=g) < pad_frac] = -1
+    cache = make_kv_cache(kv, kv_dtype, d_nope=d_nope)
+    return q.to(device), cache.to(device), idx.to(device)
+
+
+def _check(q, cache, idx, d_v, kv_dtype, **kw):
+    sm_scale = q.shape[-1] ** -0.5
+    out, lse = sparse_mla_decode(q, cache, idx, sm_scale, d_v, **kw)
+    ref_out, ref_lse = sparse_mla_decode_ref(q, cache, idx, sm_scale, d_v)
+    assert out.dtype == torch.bfloat16 and out.shape == (q.shape[0], q.shape[1], d_v)
+    assert lse.dtype == torch.float32 and lse.shape == q.shape[:2]
+    rel = ((out.float() - ref_out).norm() / ref_out.norm()).item()
+    fin = torch.isfinite(ref_lse)
+    assert torch.equal(fin, torch.isfinite(lse)) and torch.all(lse[~fin] == ref_lse[~fin])
+    lse_err = (lse[fin] - ref_lse[fin]).abs().max().item()
+    assert rel <= REL_TOL, rel
+    assert lse_err <= (LSE_TOL_FP8 if kv_dtype == "fp8_ds_mla" else LSE_TOL_BF16), lse_err
+    return out, lse, ref_out, ref_lse
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_ds_mla"])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_matches_reference(device, kv_dtype, num_splits):
+    # H=16 < block_h=64 (a partial head block); K=100 is not a multiple of the 32-token tile
+    q, cache, idx = _inputs(11 + num_splits, b=3, h=16, d_nope=256, d_rope=64, k=100,
+                            num_slots=400, kv_dtype=kv_dtype, device=device)
+    _check(q, cache, idx, 256, kv_dtype, block_h=64, block_n=32, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_ds_mla"])
+def test_head_blocks_not_dividing_h_and_auto_splits(device, kv_dtype):
+    # H=24 over blocks of 16 heads (the second block is half empty); splits from the heuristic
+    q, cache, idx = _inputs(21, b=2, h=24, d_nope=256, d_rope=64, k=96, num_slots=300,
+                            kv_dtype=kv_dtype, device=device)
+    _check(q, cache, idx, 256, kv_dtype, block_h=16, block_n=32)
+
+
+@pytest.mark.parametrize("kv_dtype, d_nope, d_rope", [("bf16", 384, 32), ("fp8_ds_mla", 384, 32),
+                                                      ("fp8_ds_mla", 128, 0), ("bf16", 200, 56)])
+def test_other_widths(device, kv_dtype, d_nope, d_rope):
+    # d_nope not a power of two (padded inside the kernel), no rope at all, odd bf16 widths
+    q, cache, idx = _inputs(31 + d_nope, b=2, h=16, d_nope=d_nope, d_rope=d_rope, k=40,
+                            num_slots=120, kv_dtype=kv_dtype, device=device)
+    _check(q, cache, idx, d_nope, kv_dtype, block_n=16, num_splits=2)
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_ds_mla"])
+@pytest.mark.parametrize("prefetch", ["none", "index", "rows"])
+def test_prefetch_modes(device, kv_dtype, prefetch):
+    q, cache, idx = _inputs(41, b=2, h=16, d_nope=256, d_rope=64, k=70, num_slots=200,
+                            kv_dtype=kv_dtype, device=device)
+    _check(q, cache, idx, 256, kv_dtype, block_n=32, num_splits=2, prefetch=prefetch)
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_ds_mla"])
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_masked_rows_out_of_range_and_duplicates(device, kv_dtype, num_splits):
+    q, cache, idx = _inputs(51, b=3, h=16, d_nope=256, d_rope=64, k=64, num_slots=150,
+                            kv_dtype=kv_dtype, device=device, pad_frac=0.0)
+    idx = idx.clone()
+    idx[0] = -1                                        # fully masked row
+    idx[1, :40] = -1                                   # masked, incl. a whole split
+    idx[1, 45] = 150                                   # == num_slots: out of range -> masked
+    idx[1, 50] = 2 ** 31 - 1
+    idx[2, 10:20] = idx[2, 5]                          # one slot 11 times
+    out, lse, ref_out, _ = _check(q, cache, idx, 256, kv_dtype, block_n=32, num_splits=num_splits)
+    assert torch.all(out[0] == 0) and torch.all(torch.isinf(lse[0]) & (lse[0] > 0))
+    assert torch.isfinite(lse[1:]).all() and torch.isfinite(out.float()).all()
+    # duplicates count as often as they appear: the reference with the copies removed is far
+    # from the kernel's answer (so deduplicating would fail), the reference with them is close
+    dedup = idx.clone()
+    dedup[2, 10:20] = -1
+    ref_d, _ = sparse_mla_decode_ref(q, cache, dedup, q.shape[-1] ** -0.5, 256)
+    row_rel = lambda a, r: ((a.float() - r).norm() / r.norm()).item()  # noqa: E731
+    assert row_rel(ref_d[2], ref_out[2]) > 3 * REL_TOL
+    assert row_rel(out[2], ref_out[2]) <= REL_TOL
+    assert row_rel(out[2], ref_d[2]) > 2 * REL_TOL
+
+
+def test_choose_num_splits():
+    assert choose_num_splits(128, 128, 2048) == 1            # 256 programs already fill 132 SMs
+    s8 = choose_num_splits(8, 128, 2048)
+    assert 4 <= s8 <= 32
+    assert choose_num_splits(1, 16, 2048) >= s8              # fewer programs -> more splits
+    assert choose_num_splits(1, 16, 64, block_n=64) == 1      # one tile cannot be split
+    assert choose_num_splits(8, 128, 2048, num_sms=1) == 1
+    with pytest.raises(ValueError, match="batch"):
+        choose_num_splits(0, 128, 2048)
+
+
+def test_validation_errors(device):
+    q, cache, idx = _inputs(61, b=2, h=16, d_nope=256, d_rope=64, k=32, num_slots=64,
+                            kv_dtype="fp8_ds_mla", device=device)
+    f = sparse_mla_decode
+    s = 0.1
+    with pytest.raises(ValueError, match="q must be a 3-D torch.bfloat16"):
+        f(q.float(), cache, idx, s, 256)
+    with pytest.raises(ValueError, match="q must be a 3-D"):
+        f(q[0], cache, idx, s, 256)
+    with pytest.raises(ValueError, match="q must have a unit last-dim stride"):
+        f(q.transpose(1, 2).contiguous().transpose(1, 2), cache, idx, s, 256)
+    with pytest.raises(ValueError, match="392 bytes"):
+        f(q, cache[:, :388], idx, s, 256)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        f(q, cache, idx, s, 192)
+    with pytest.raises(ValueError, match="kv_cache must be torch.bfloat16"):
+        f(q, cache.view(torch.int8), idx, s, 256)
+    with pytest.raises(ValueError, match="bf16 kv_cache rows"):
+        f(q, torch.zeros(8, 300, dtype=torch.bfloat16, device=device), idx, s, 256)
+    with pytest.raises(ValueError, match="indices must be a 2-D torch.int32"):
+        f(q, cache, idx.long(), s, 256)
+    with pytest.raises(ValueError, match="indices must have B=2"):
+        f(q, cache, idx[:1], s, 256)
+    with pytest.raises(ValueError, match="sm_scale"):
+        f(q, cache, idx, float("nan"), 256)
+    with pytest.raises(ValueError, match="sm_scale"):
+        f(q, cache, idx, -1.0, 256)
+    with pytest.raises(ValueError, match="d_v"):
+        f(q, cache, idx, s, 400)
+    for kw, msg in [({"block_h": 48}, "block_h"), ({"block_n": 8}, "block_n"),
+                    ({"num_warps": 3}, "num_warps"), ({"num_stages": 0}, "num_stages"),
+                    ({"num_splits": 0}, "num_splits"), ({"prefetch": "all"}, "prefetch"),
+                    ({"mma_dtype": torch.float32}, "mma_dtype")]:
+        with pytest.raises(ValueError, match=msg):
+            f(q, cache, idx, s, 256, **kw)
+
+
+def test_empty_top_k(device):
+    q, cache, idx = _inputs(71, b=2, h=16, d_nope=256, d_rope=64, k=8, num_slots=16,
+                            kv_dtype="bf16", device=device)
+    out, lse = sparse_mla_decode(q, cache, idx[:, :0], 0.1, 256)
+    assert torch.all(out == 0) and torch.all(lse == math.inf)
+
+
+# ------------------------------- GPU, DeepSeek-V3.2 size -------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_ds_mla"])
+@pytest.mark.parametrize("b", [4, 16])
+def test_dsv32_size_gpu(kv_dtype, b):
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(100 + b)
+    n = 65536
+    q = torch.randn(b, 128, 576, generator=g, device=dev).to(torch.bfloat16)
+    kv = torch.randn(n, 576, generator=g, device=dev).to(torch.bfloat16)
+    cache = make_kv_cache(kv, kv_dtype, d_nope=512)
+    idx = torch.rand(b, n, generator=g, device=dev).topk(2048, dim=1).indices.to(torch.int32)
+    idx[:, -100:] = -1
+    idx[b - 1] = -1                                   # one fully masked row
+    out, lse, _, _ = _check(q, cache, idx, 512, kv_dtype)
+    assert torch.all(out[b - 1] == 0) and torch.all(lse[b - 1] == math.inf)
+    # fp16 MMA operands (the interpreter's instantiation) agree with the bf16 ones
+    out16, lse16 = sparse_mla_decode(q, cache, idx, 576 ** -0.5, 512, mma_dtype=torch.float16)
+    assert ((out16.float() - out.float()).norm() / out.float().norm()).item() <= REL_TOL
+
+
+def test_bench_quick_smoke(tmp_path, monkeypatch):
+    """``python -m harness.bench.attention --quick`` runs, checks every case and writes its JSON."""
+    import json
+
+    from harness.bench import attention
+    monkeypatch.setenv("OUT", str(tmp_path))
+    rows = attention.main(["--quick", "--repeats", "2", "--no-graph"])
+    assert len(rows) == 4 and all(r["pass"] for r in rows), rows
+    saved = json.loads((tmp_path / "attention_bench.json").read_text())
+    assert [r["variant"] for r in saved["rows"]] == [r["variant"] for r in rows]
+    assert all(r["rel_err"] < 1e-2 and r["us"] > 0 for r in saved["rows"])
