@@ -60,6 +60,7 @@ class TimingConfig:
     warmup_steps: int = 2         # decode steps excluded from the numbers
     cold_l2: bool = True          # flush the L2 before each timed layer step
     cuda_graph: bool = False      # time CUDA-graph replays of each layer step
+    launch_shield_us: float = 1000.0  # GPU spin before each timed step so launches queue behind it
     check_tolerance: float = 0.03 # max ||out - ref|| / ||ref|| for status=ok
 
 

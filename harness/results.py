@@ -61,6 +61,7 @@ COLUMNS: Dict[str, str] = {
     "latency_us_p10": "float64",
     "latency_us_p90": "float64",
     "n_samples": "Int64",
+    "launch_gap_us": "float64",
     # per-stage medians, microseconds (NaN where the backend has no such stage)
     "stage_select_us": "float64",
     "stage_indexer_us": "float64",

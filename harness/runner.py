@@ -104,14 +104,14 @@ def run_backend(name: str, cfg, wl: Workload, topk_dev: torch.Tensor, device: to
         return _failed(name, "invalid", str(e)), []
     except BackendUnavailable as e:
         return _failed(name, "unavailable", str(e)), []
-    except torch.OutOfMemoryError as e:
+    except (torch.OutOfMemoryError, MemoryError) as e:
         return _failed(name, "oom", f"set-up does not fit: {str(e).splitlines()[0]}"), []
     row: Dict = {"backend": name, **be.row_extras()}
     step_rows: List[Dict] = []
     samples: List[Dict[str, float]] = []
     max_err, max_lse = 0.0, 0.0
     sums = {k: 0 for k in ("tokens_selected", "pages_touched", *COUNT_KEYS)}
-    timer = StageTimer(device, cold_l2=cfg.timing.cold_l2)
+    timer = StageTimer(device, cold_l2=cfg.timing.cold_l2, launch_shield_us=cfg.timing.launch_shield_us)
     try:
         be.prefill()
         for s in range(wl.steps):
@@ -148,7 +148,7 @@ def run_backend(name: str, cfg, wl: Workload, topk_dev: torch.Tensor, device: to
                             sums[k] = None
     except BackendInvalid as e:
         return {**row, "status": "invalid", "error": str(e)}, step_rows
-    except torch.OutOfMemoryError as e:
+    except (torch.OutOfMemoryError, MemoryError) as e:
         return {**row, "status": "oom", "error": f"out of memory while running: {str(e).splitlines()[0]}"}, step_rows
     finally:
         row["working_set_bytes"] = be.working_set_bytes() + index_key_bytes(wl)
@@ -176,7 +176,8 @@ def summarize(samples: List[Dict[str, float]], sums: Dict, wl: Workload, cfg) ->
     """Latency statistics, per-stage medians, counts and derived rates of the measured steps."""
     lat = TimingStats.of([t["total"] for t in samples])
     row = {"latency_us_median": lat.median_us, "latency_us_p10": lat.p10_us,
-           "latency_us_p90": lat.p90_us, "n_samples": lat.n}
+           "latency_us_p90": lat.p90_us, "n_samples": lat.n,
+           "launch_gap_us": TimingStats.of([t.get("launch_gap", float("nan")) for t in samples]).median_us}
     for st in STAGES:
         vals = [t[st] for t in samples if st in t]
         row[f"stage_{st}_us"] = TimingStats.of(vals).median_us if vals else float("nan")

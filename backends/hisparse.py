@@ -1,0 +1,108 @@
+"""SGLang-HiSparse style: the KV lives in pinned host memory; each (layer, request) keeps a hot
+buffer of ``device_buffer_size`` slots on the GPU; the coordinator turns each layer's top-k
+positions into loads of the missing KV (swap-in, per token as upstream or per page) and hands
+attention a table of device slots. Attention is the same kernel as the vLLM-style backend.
+
+Stages: ``swap_in`` (hit/miss resolution + host -> device copy), ``attention``.
+Set-up (outside timing): the host pool is filled with the workload's logical KV, the hot
+buffers are initialised as after prefill, and each step's newest token is written to the
+reserved slot (the KV write both designs do).
+"""
+from __future__ import annotations
+
+from typing import Dict, Tuple
+
+import numpy as np
+import torch
+
+from backends.attention import resolve_attention
+from backends.base import Backend, BackendInvalid
+from backends.hisparse_coordinator import HiSparseCoordinator, validate_selection
+from harness.timing import StageTimer
+from harness.workload import Workload
+
+
+class HiSparseBackend(Backend):
+    name = "hisparse"
+    stages = ("swap_in", "attention")
+
+    def __init__(self, workload: Workload, options: Dict[str, object]):
+        super().__init__(workload, options)
+        wl = workload
+        self.buffer_size = int(options["device_buffer_size"])
+        self.granularity = str(options["load_granularity"])
+        self.engine = str(options["copy_engine"])
+        try:
+            self.coord = HiSparseCoordinator(
+                num_layers=wl.num_layers, max_requests=wl.batch_size, max_seq_len=wl.max_positions,
+                row_bytes=wl.row_bytes, top_k=wl.top_k, device_buffer_size=self.buffer_size,
+                page_size=wl.page_size, load_granularity=self.granularity, copy_engine=self.engine,
+                device=wl.device, seed=wl.seed)
+        except ValueError as e:
+            raise BackendInvalid(str(e)) from e
+        if wl.topk is not None:
+            self._check_selections()
+        for layer in range(wl.num_layers):
+            for req in range(wl.batch_size):
+                self.coord.load_host_kv(layer, req, wl.rows_by_position(layer, req, wl.max_positions))
+        self.req_idx = wl.request_ids()
+        m = wl.model
+        self.attention = resolve_attention(str(options.get("attention_kernel", "triton")), wl.device,
+                                           m.num_heads, m.d_qk, m.d_v, self._kv(0))
+        self._layer = 0
+
+    def _check_selections(self) -> None:
+        """Positions < seq_len, and (page mode) no step selecting more pages than the buffer
+        holds: both known before any kernel runs for synthetic and traced selections."""
+        wl = self.wl
+        for s in range(wl.steps):
+            for layer in range(wl.num_layers):
+                try:
+                    validate_selection(wl.topk[s, layer], wl.seq_lens[s])
+                except ValueError as e:
+                    raise BackendInvalid(f"step {s}, layer {layer}: {e}") from e
+                err = self.coord.overflow_error(wl.topk[s, layer], wl.seq_lens[s])
+                if err is not None:
+                    raise BackendInvalid(f"step {s}, layer {layer}: {err}")
+
+    def _kv(self, layer: int) -> torch.Tensor:
+        """The layer's device pool in the attention kernel's row format."""
+        rows = self.coord.device_pool(layer)
+        return rows.view(torch.bfloat16) if self.wl.kv_dtype == "bf16" else rows
+
+    def prefill(self) -> None:
+        prompt = (self.wl.seq_lens[0] - 1).astype(np.int64)
+        self.coord.prefill(np.arange(self.wl.batch_size), prompt)
+
+    def begin_step(self, step: int) -> None:
+        self.coord.begin_step(np.arange(self.wl.batch_size), self.wl.seq_lens[step].astype(np.int64))
+
+    def decode_layer(self, step: int, layer: int, q: torch.Tensor, positions: torch.Tensor,
+                     seq_lens: torch.Tensor, timer: StageTimer) -> Tuple[torch.Tensor, torch.Tensor]:
+        self._layer = layer
+        slots = timer.run("swap_in", lambda: self.coord.swap_in_selected_pages(
+            self.req_idx, seq_lens, positions, layer))
+        kv = self._kv(layer)
+        return timer.run("attention", lambda: self.attention(q, kv, slots, self.wl.model.sm_scale,
+                                                             d_v=self.wl.model.d_v))
+
+    def layer_counts(self) -> Dict[str, np.ndarray]:
+        c = {k: v.cpu().numpy().astype(np.int64) for k, v in self.coord.layer_counts(self._layer).items()}
+        if c["overflow"].any():  # selections not known up front (indexer) can still overflow
+            b = int(np.argmax(c["pages_needed"]))
+            raise BackendInvalid(f"layer {self._layer}: page-mode overflow: batch row {b} needs "
+                                 f"{int(c['pages_needed'][b])} pages, capacity {self.coord.page_capacity}")
+        return {k: c[k] for k in ("hits", "misses", "tokens_loaded", "pages_loaded", "bytes_h2d")}
+
+    def working_set_bytes(self) -> int:
+        return self.coord.device_working_set_bytes() + self.coord.device_metadata_bytes()
+
+    def host_bytes(self) -> int:
+        return self.coord.host_bytes()
+
+    def row_extras(self) -> Dict[str, object]:
+        return {"device_buffer_size": self.buffer_size, "load_granularity": self.granularity,
+                "copy_engine": self.engine}
+
+    def close(self) -> None:
+        del self.coord
