@@ -63,7 +63,7 @@ def test_steps_table_matches_summary(sweep):
 def test_report_written(sweep):
     rep = sweep / "report"
     assert (rep / "report.md").exists()
-    assert list(rep.glob("*.png"))
+    assert list(rep.rglob("*.png"))
 
 
 def test_rerun_skips_done_points_and_keeps_results(sweep):
