@@ -81,7 +81,8 @@ def test_trace_record_and_replay(tmp_path):
     with np.load(trace) as z:
         assert z["topk"].shape == (3, 2, 2, 32) and z["seq_lens"].shape == (3, 2)
     _harness("backend=flashmla_sparse", "selection=trace", f"selection.path={trace}", "steps=3",
-             "num_layers=2", "batch_size=2", "top_k=32", f"hydra.run.dir={tmp_path}/b", "report=false")
+             "num_layers=2", "batch_size=2", "top_k=32", "timing.warmup_steps=1",
+             f"hydra.run.dir={tmp_path}/b", "report=false")
     a = results.load(tmp_path / "a").iloc[0]
     b = results.load(tmp_path / "b").iloc[0]
     assert b["selection"] == "trace" and b["status"] == "ok"
