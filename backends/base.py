@@ -49,8 +49,8 @@ class Backend(ABC):
         (-1 padded), seq_lens int32 [B] (current token included). Returns (out bf16 [B, H, d_v],
         lse float32 [B, H])."""
 
-    def layer_counts(self) -> Dict[str, np.ndarray]:
-        """Per-request int64 [B] counts of the last ``decode_layer`` (hits, misses,
+    def layer_counts(self, layer: int) -> Dict[str, np.ndarray]:
+        """Per-request int64 [B] counts of the last ``decode_layer`` of ``layer`` (hits, misses,
         tokens_loaded, pages_loaded, bytes_h2d). Read after the timed region."""
         z = np.zeros(self.wl.batch_size, dtype=np.int64)
         return {"tokens_loaded": z, "pages_loaded": z, "bytes_h2d": z}
@@ -62,6 +62,10 @@ class Backend(ABC):
     def host_bytes(self) -> int:
         """Host bytes this design holds (pinned pools, staging)."""
         return 0
+
+    def graph_capturable(self) -> str:
+        """'' when ``decode_layer`` can be captured in a CUDA graph, else the reason."""
+        return ""
 
     def row_extras(self) -> Dict[str, object]:
         """Backend-specific result columns (e.g. device_buffer_size)."""

@@ -57,6 +57,15 @@ class CopyEngine:
 
     def copy(self, host_layer: torch.Tensor, device_layer: torch.Tensor, plan: torch.Tensor,
              batch: int, unit_rows: int) -> None:
+        """Copies ``unit_rows`` rows per planned unit of plan rows ``0 .. batch-1``."""
+        _check_pools(host_layer, device_layer)
+        if plan.dtype != torch.int32 or plan.dim() != 2 or plan.shape[1] % 2 != 1 or \
+                not 0 <= batch <= plan.shape[0] or unit_rows < 1:
+            raise ValueError(f"plan must be int32 [>= batch={batch}, 1 + 2*max_misses] and "
+                             f"unit_rows >= 1, got {plan.dtype} {tuple(plan.shape)}, {unit_rows}")
+        self._copy(host_layer, device_layer, plan, batch, unit_rows)
+
+    def _copy(self, host_layer, device_layer, plan, batch, unit_rows) -> None:
         raise NotImplementedError
 
     @staticmethod
@@ -92,17 +101,23 @@ class UvaKernelEngine(CopyEngine):
         self.rows_per_program = rows_per_program
         self.num_warps = num_warps
 
-    def copy(self, host_layer, device_layer, plan, batch, unit_rows):
+    def _copy(self, host_layer, device_layer, plan, batch, unit_rows):
+        if device_layer.is_cuda and not host_layer.is_cuda and not host_layer.is_pinned():
+            raise ValueError("host_layer must be pinned for the uva_kernel engine on CUDA "
+                             "(the kernel reads it in place over UVA)")
         if batch == 0:
             return
         src = word_view(host_layer)
         dst = word_view(device_layer)
         words = src.shape[1]
+        vec = max(1, 16 // src.element_size())      # 16-byte groups where the row allows
+        while words % vec:
+            vec //= 2
         max_misses = (plan.shape[1] - 1) // 2
         grid = (batch, triton.cdiv(max_misses * unit_rows, self.rows_per_program))
         copy_planned_rows_kernel[grid](
             src, dst, plan, plan.stride(0), max_misses,
-            UNIT_ROWS=unit_rows, WORDS=words, WORD_BLOCK=next_pow2(words),
+            UNIT_ROWS=unit_rows, WORDS=words, VEC=vec, GROUP_BLOCK=next_pow2(words // vec),
             ROWS=self.rows_per_program, num_warps=self.num_warps)
 
 
@@ -111,19 +126,25 @@ class MemcpyEngine(CopyEngine):
 
     name = "memcpy"
 
-    def copy(self, host_layer, device_layer, plan, batch, unit_rows):
-        counts, src, dst = self._plan_on_host(plan, batch)
-        for b in range(batch):
+    @staticmethod
+    def copy_runs(counts, src, dst, unit_rows: int):
+        """``(host_row, device_row, n_rows)`` of each maximal run of units that are consecutive
+        on both sides, in plan order (numpy inputs as returned by ``_plan_on_host``)."""
+        runs = []
+        for b in range(len(counts)):
             n = int(counts[b])
             if n == 0:
                 continue
             s, d = src[b, :n], dst[b, :n]
             breaks = np.nonzero((np.diff(s) != unit_rows) | (np.diff(d) != unit_rows))[0] + 1
-            starts = np.concatenate([[0], breaks])
-            ends = np.concatenate([breaks, [n]])
-            for a, e in zip(starts.tolist(), ends.tolist()):
-                hs, ds, nr = int(s[a]), int(d[a]), (e - a) * unit_rows
-                device_layer[ds:ds + nr].copy_(host_layer[hs:hs + nr], non_blocking=True)
+            starts = [0] + breaks.tolist()
+            ends = breaks.tolist() + [n]
+            runs.extend((int(s[a]), int(d[a]), (e - a) * unit_rows) for a, e in zip(starts, ends))
+        return runs
+
+    def _copy(self, host_layer, device_layer, plan, batch, unit_rows):
+        for hs, ds, nr in self.copy_runs(*self._plan_on_host(plan, batch), unit_rows):
+            device_layer[ds:ds + nr].copy_(host_layer[hs:hs + nr], non_blocking=True)
 
 
 class StagedEngine(CopyEngine):
@@ -146,7 +167,7 @@ class StagedEngine(CopyEngine):
         self.dst_rows_dev = torch.empty(capacity_rows, dtype=torch.int64, device=self.device)
         self._done: Optional[torch.cuda.Event] = None
 
-    def copy(self, host_layer, device_layer, plan, batch, unit_rows):
+    def _copy(self, host_layer, device_layer, plan, batch, unit_rows):
         counts, src, dst = self._plan_on_host(plan, batch)
         s, d = self._expand_rows(counts, src, dst, unit_rows)
         n = len(s)
@@ -167,11 +188,18 @@ class StagedEngine(CopyEngine):
         device_layer.index_copy_(0, self.dst_rows_dev[:n], self.staging_dev[:n])
 
 
-def make_copy_engine(name: str, *, capacity_rows: int, row_bytes: int,
-                     device: torch.device) -> CopyEngine:
-    """The copy engine called ``name`` (one of ``COPY_ENGINES``)."""
+def make_copy_engine(name: str, *, capacity_rows: int, row_bytes: int, device: torch.device,
+                     rows_per_program: Optional[int] = None) -> CopyEngine:
+    """The copy engine called ``name`` (one of ``COPY_ENGINES``).
+
+    ``capacity_rows``: most rows one call moves (sizes the staged engine's buffers);
+    ``rows_per_program``: uva_kernel tile height (default 4 on CUDA; 256 under the interpreter,
+    which pays per program rather than per row).
+    """
     if name == "uva_kernel":
-        return UvaKernelEngine()
+        if rows_per_program is None:
+            rows_per_program = 4 if torch.device(device).type == "cuda" else 256
+        return UvaKernelEngine(rows_per_program=rows_per_program)
     if name == "memcpy":
         return MemcpyEngine()
     if name == "staged":

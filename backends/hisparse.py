@@ -49,7 +49,6 @@ class HiSparseBackend(Backend):
         m = wl.model
         self.attention = resolve_attention(str(options.get("attention_kernel", "triton")), wl.device,
                                            m.num_heads, m.d_qk, m.d_v, self._kv(0))
-        self._layer = 0
 
     def _check_selections(self) -> None:
         """Positions < seq_len, and (page mode) no step selecting more pages than the buffer
@@ -79,20 +78,25 @@ class HiSparseBackend(Backend):
 
     def decode_layer(self, step: int, layer: int, q: torch.Tensor, positions: torch.Tensor,
                      seq_lens: torch.Tensor, timer: StageTimer) -> Tuple[torch.Tensor, torch.Tensor]:
-        self._layer = layer
         slots = timer.run("swap_in", lambda: self.coord.swap_in_selected_pages(
             self.req_idx, seq_lens, positions, layer))
         kv = self._kv(layer)
         return timer.run("attention", lambda: self.attention(q, kv, slots, self.wl.model.sm_scale,
                                                              d_v=self.wl.model.d_v))
 
-    def layer_counts(self) -> Dict[str, np.ndarray]:
-        c = {k: v.cpu().numpy().astype(np.int64) for k, v in self.coord.layer_counts(self._layer).items()}
+    def layer_counts(self, layer: int) -> Dict[str, np.ndarray]:
+        c = {k: v.cpu().numpy().astype(np.int64) for k, v in self.coord.layer_counts(layer).items()}
         if c["overflow"].any():  # selections not known up front (indexer) can still overflow
             b = int(np.argmax(c["pages_needed"]))
-            raise BackendInvalid(f"layer {self._layer}: page-mode overflow: batch row {b} needs "
+            raise BackendInvalid(f"layer {layer}: page-mode overflow: batch row {b} needs "
                                  f"{int(c['pages_needed'][b])} pages, capacity {self.coord.page_capacity}")
         return {k: c[k] for k in ("hits", "misses", "tokens_loaded", "pages_loaded", "bytes_h2d")}
+
+    def graph_capturable(self) -> str:
+        if self.engine != "uva_kernel":
+            return (f"copy_engine={self.engine} reads the miss list on the host (a sync), so it cannot "
+                    "be captured in a CUDA graph; use copy_engine=uva_kernel or timing.cuda_graph=false")
+        return ""
 
     def working_set_bytes(self) -> int:
         return self.coord.device_working_set_bytes() + self.coord.device_metadata_bytes()

@@ -49,6 +49,8 @@ def run_job(cfg: DictConfig, job_dir: Path) -> int:
     from harness import results
     try:
         device = resolve_device(cfg.device)
+        with open_dict(cfg):
+            cfg.device = device.type
         resolve_model(cfg, device.type)
         validate(cfg)
         h = config_hash(cfg)

@@ -25,7 +25,7 @@ from harness import ceilings as ceilings_mod
 from harness import env, results
 from harness.config import ModelConfig
 from harness.selection import PatternParams, Trace, distinct_counts, synthesize
-from harness.timing import StageTimer, TimingStats
+from harness.timing import StageTimer, TimingStats, UntimedStages
 from harness.validate import backends_of, check_trace
 from harness.workload import Workload, lse_error, relative_error, synthetic_seq_lens
 
@@ -94,6 +94,33 @@ def _failed(name: str, status: str, err: str) -> Dict:
     return {"backend": name, "status": status, "error": err}
 
 
+class LayerGraphs:
+    """``timing.cuda_graph``: one CUDA graph per layer, captured at its first use with static
+    input buffers and replayed for every later step (inputs copied in untimed), as serving
+    engines replay decode graphs. Stages cannot be timed inside a graph: only the total."""
+
+    def __init__(self, be):
+        self.be = be
+        self.graphs: Dict[int, tuple] = {}
+
+    def replay(self, step: int, layer: int, q, pos, seq, timer: StageTimer):
+        if layer not in self.graphs:
+            sq, spos, sseq = q.clone(), pos.clone(), seq.clone()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                outs = self.be.decode_layer(step, layer, sq, spos, sseq, UntimedStages())
+            self.graphs[layer] = (g, sq, spos, sseq, outs)
+        g, sq, spos, sseq, (out, lse) = self.graphs[layer]
+        sq.copy_(q)
+        spos.copy_(pos)
+        sseq.copy_(seq)
+        timer.begin()
+        timer.run("graph", g.replay)
+        t = timer.end()
+        del t["graph"]
+        return out, lse, t
+
+
 def run_backend(name: str, cfg, wl: Workload, topk_dev: torch.Tensor, device: torch.device):
     """Runs every step and layer through one backend. Returns (row, step_rows)."""
     opts = backend_options(cfg, name)
@@ -107,6 +134,11 @@ def run_backend(name: str, cfg, wl: Workload, topk_dev: torch.Tensor, device: to
     except (torch.OutOfMemoryError, MemoryError) as e:
         return _failed(name, "oom", f"set-up does not fit: {str(e).splitlines()[0]}"), []
     row: Dict = {"backend": name, **be.row_extras()}
+    if cfg.timing.cuda_graph and be.graph_capturable():
+        reason = be.graph_capturable()
+        be.close()
+        return {**row, "status": "invalid", "error": reason}, []
+    graphs = LayerGraphs(be) if cfg.timing.cuda_graph else None
     step_rows: List[Dict] = []
     samples: List[Dict[str, float]] = []
     max_err, max_lse = 0.0, 0.0
@@ -122,10 +154,13 @@ def run_backend(name: str, cfg, wl: Workload, topk_dev: torch.Tensor, device: to
             for layer in range(wl.num_layers):
                 q = wl.q(s, layer)
                 pos = topk_dev[s, layer]
-                timer.begin()
-                out, lse = be.decode_layer(s, layer, q, pos, seq_dev, timer)
-                t = timer.end()
-                counts = be.layer_counts()
+                if graphs is not None and s > 0:  # step 0 runs eagerly: compiles and warms up
+                    out, lse, t = graphs.replay(s, layer, q, pos, seq_dev, timer)
+                else:
+                    timer.begin()
+                    out, lse = be.decode_layer(s, layer, q, pos, seq_dev, timer)
+                    t = timer.end()
+                counts = be.layer_counts(layer)
                 ref_out, ref_lse = wl.reference(layer, q, pos)
                 max_err = max(max_err, relative_error(out, ref_out))
                 max_lse = max(max_lse, lse_error(lse, ref_lse))

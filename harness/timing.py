@@ -128,6 +128,14 @@ class StageTimer:
         return out
 
 
+class UntimedStages:
+    """A ``StageTimer`` stand-in that just runs each stage (used while capturing a CUDA graph,
+    where events cannot bracket the stages)."""
+
+    def run(self, stage: str, fn: Callable[[], object]) -> object:
+        return fn()
+
+
 def time_fn(fn: Callable[[], object], device: torch.device | str, *, warmup: int = 3,
             repeats: int = 20, cold_l2: bool = True,
             setup: Optional[Callable[[], object]] = None,

@@ -76,6 +76,8 @@ def validate(cfg) -> None:
     if cfg.timing.warmup_steps < 0 or cfg.timing.warmup_steps >= cfg.steps:
         raise ConfigError("timing.warmup_steps", cfg.timing.warmup_steps,
                           f"must be >= 0 and < steps ({cfg.steps}) so some steps are measured")
+    if cfg.timing.cuda_graph and cfg.device == "cpu":
+        raise ConfigError("timing.cuda_graph", True, "CUDA-graph replay needs device=cuda (or auto on a GPU machine)")
     m = cfg.model
     if m.d_nope % 128 or m.d_nope < 128:
         raise ConfigError("model.d_nope", m.d_nope, "must be a positive multiple of 128 (fp8 scale tiles)")

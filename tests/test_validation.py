@@ -66,3 +66,11 @@ def test_trace_shape_mismatch(tmp_path):
 def test_hisparse_buffer_smaller_than_top_k(tmp_path):
     r = _run("backend=hisparse", "top_k=64", "hisparse.device_buffer_size=32", f"hydra.run.dir={tmp_path}/run")
     assert r.returncode == 2 and "hisparse.device_buffer_size=32" in r.stderr and ">= top_k (64)" in r.stderr
+
+
+def test_cuda_graph_needs_a_gpu(tmp_path):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("CPU-only check")
+    r = _run("timing.cuda_graph=true", f"hydra.run.dir={tmp_path}/run")
+    assert r.returncode == 2 and "timing.cuda_graph=True" in r.stderr and "device=cuda" in r.stderr

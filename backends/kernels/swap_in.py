@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 # Sorts after every real position; marks "not part of the LRU selection".
-SENTINEL = 2147483647
+SENTINEL = tl.constexpr(2147483647)
 
 # Columns of the per-row counts tensor (int64).
 COUNT_FIELDS = ("hits", "misses", "tokens_loaded", "pages_loaded", "bytes_h2d", "overflow",
@@ -230,7 +230,7 @@ def resolve_swap_in_kernel(
 @triton.jit
 def copy_planned_rows_kernel(
     src_pool_ptr, dst_pool_ptr, plan_ptr, plan_stride, MAX_MISSES,
-    UNIT_ROWS: tl.constexpr, WORDS: tl.constexpr, WORD_BLOCK: tl.constexpr,
+    UNIT_ROWS: tl.constexpr, WORDS: tl.constexpr, VEC: tl.constexpr, GROUP_BLOCK: tl.constexpr,
     ROWS: tl.constexpr,
 ):
     """Copies the rows of a miss plan: ``dst_pool[dst] = src_pool[src]``, ``ROWS`` rows a program.
@@ -238,9 +238,10 @@ def copy_planned_rows_kernel(
     Grid ``(B, cdiv(MAX_MISSES * UNIT_ROWS, ROWS))``; programs past a row's miss count do nothing,
     so the grid does not depend on the (device-resident) counts and no host sync is needed.
     ``src_pool_ptr``: the layer's host rows (pinned CPU memory read in place over UVA on the GPU),
-    ``dst_pool_ptr``: the layer's device rows; both viewed as ``WORDS`` words a row (int64 when
-    the row is a multiple of 8 bytes). Each program loads a [ROWS, WORD_BLOCK] tile at once, so
-    every row of the tile is in flight together.
+    ``dst_pool_ptr``: the layer's device rows; both viewed as ``WORDS`` words a row. A row is
+    ``WORDS / VEC`` groups of ``VEC`` words; the tile is [ROWS, GROUP_BLOCK, VEC] with the mask
+    on groups only, so each thread moves whole 16-byte groups (vector loads) when
+    ``VEC * word`` is 16 bytes, and all ``ROWS`` rows of a program are in flight together.
     """
     b = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -252,10 +253,12 @@ def copy_planned_rows_kernel(
     k = r % UNIT_ROWS
     src = tl.load(plan + 1 + j, mask=live, other=0).to(tl.int64) + k
     dst = tl.load(plan + 1 + MAX_MISSES + j, mask=live, other=0).to(tl.int64) + k
-    w = tl.arange(0, WORD_BLOCK)
-    m = live[:, None] & (w[None, :] < WORDS)
-    v = tl.load(src_pool_ptr + src[:, None] * WORDS + w[None, :], mask=m)
-    tl.store(dst_pool_ptr + dst[:, None] * WORDS + w[None, :], v, mask=m)
+    g = tl.arange(0, GROUP_BLOCK)
+    v = tl.arange(0, VEC)
+    word = g[None, :, None] * VEC + v[None, None, :]
+    m = live[:, None, None] & (g[None, :, None] < WORDS // VEC)
+    x = tl.load(src_pool_ptr + src[:, None, None] * WORDS + word, mask=m)
+    tl.store(dst_pool_ptr + dst[:, None, None] * WORDS + word, x, mask=m)
 
 
 def next_pow2(n: int) -> int:

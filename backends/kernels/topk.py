@@ -36,14 +36,14 @@ import triton.language as tl
 
 SAMPLE_MAX = 2048
 """Sample size of the threshold kernel (capped at CAP)."""
-SCAN_BLOCK_MAX = 4096
+SCAN_BLOCK_MAX = 2048
 """Elements per scan-loop iteration."""
-SCAN_WARPS = 8
-SELECT_WARPS = 16
+SCAN_WARPS = 4
+SELECT_WARPS = 8
 RADIX_BITS = 1
 """Bits resolved per step of the k-th-key radix search (1, 2 or 4; 1 measured fastest)."""
 SELECT_STAGES = 3
-SCAN_STAGES = 3
+SCAN_STAGES = 4
 MIN_CHUNK = 8192
 """Smallest chunk a long row is split into (per scan program)."""
 
@@ -104,8 +104,20 @@ def _kth_largest_key(key, k, BITS: tl.constexpr):
     """
     T = tl.zeros([], dtype=tl.uint32)
     if BITS == 1:
-        bit = tl.full([], 1, tl.uint32) << 31
-        for _ in range(32):
+        # T lies in [min, max] of the counted keys, so it shares their common high bits: only
+        # the bits below the highest differing one are searched (a float conversion bounds
+        # its position from above; over-estimating only costs a step)
+        kmax = tl.max(key, axis=0)
+        kmin = tl.min(tl.where(key > 0, key, kmax), axis=0)
+        diff = (kmax ^ kmin).to(tl.float32)
+        nbits = tl.where(kmax == kmin, 0,
+                         ((diff.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 126)
+        nbits = tl.minimum(nbits, 32)
+        top = tl.full([], 1, tl.uint32) << (tl.maximum(nbits, 1) - 1).to(tl.uint32)
+        low = tl.where(nbits > 0, top + (top - 1), 0)  # bits [0, nbits), all-uint32 math
+        T = kmax & ~low
+        bit = tl.where(nbits > 0, top, 0)
+        for _ in range(0, nbits):
             cand = T | bit
             cnt = tl.sum((key >= cand).to(tl.int32), axis=0)
             T = tl.where(cnt >= k, cand, T)
@@ -168,6 +180,20 @@ def _topk_threshold_kernel(logits_ptr, stride_l, n_cols, len_ptr, thr_ptr, targe
 
 
 @triton.jit
+def _scan_block(base, p, m, t, slot_base, cnt, MASKED: tl.constexpr, CAP: tl.constexpr):
+    """Append the positions ``p`` (mask ``m``) whose key is >= ``t`` to the candidate list."""
+    if MASKED:
+        v = tl.load(base + p, mask=m, other=0.0)
+        sel = m & (_order_key(v) >= t)
+    else:
+        v = tl.load(base + p)
+        sel = _order_key(v) >= t
+    slot = cnt + tl.cumsum(sel.to(tl.int32), axis=0) - 1
+    tl.store(slot_base + slot, p, mask=sel & (slot < CAP))
+    return cnt + tl.sum(sel.to(tl.int32), axis=0)
+
+
+@triton.jit
 def _topk_scan_kernel(logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, thr_ptr, cand_ptr,
                       cnt_ptr, chunk_size, max_chunks, CAP: tl.constexpr, BLOCK: tl.constexpr):
     """One chunk of a long row: positions of elements >= the row's threshold, in order."""
@@ -182,14 +208,12 @@ def _topk_scan_kernel(logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, thr_ptr
         base = logits_ptr + row.to(tl.int64) * stride_l
         slot_base = cand_ptr + (row.to(tl.int64) * max_chunks + chunk) * CAP
         cnt = 0
-        for off in range(start, end, BLOCK):
-            p = off + tl.arange(0, BLOCK)
-            m = p < end
-            v = tl.load(base + p, mask=m, other=0.0)
-            sel = m & (_order_key(v) >= t)
-            slot = cnt + tl.cumsum(sel.to(tl.int32), axis=0) - 1
-            tl.store(slot_base + slot, p, mask=sel & (slot < CAP))
-            cnt += tl.sum(sel.to(tl.int32), axis=0)
+        n_full = tl.maximum(end - start, 0) // BLOCK
+        for it in range(0, n_full):  # full blocks: unmasked (vectorized) loads
+            p = start + it * BLOCK + tl.arange(0, BLOCK)
+            cnt = _scan_block(base, p, p >= 0, t, slot_base, cnt, False, CAP)
+        p = start + n_full * BLOCK + tl.arange(0, BLOCK)
+        cnt = _scan_block(base, p, p < end, t, slot_base, cnt, True, CAP)
         tl.store(cnt_ptr + row * max_chunks + chunk, cnt)
 
 
