@@ -1,29 +1,35 @@
 """Per-row top-k over variable-length rows of indexer logits (Triton), and its plan.
 
 Algorithm (exact, deterministic; ``k`` = ``top_k``, ``L`` = a row's length, ``CAP`` = the
-candidate capacity of one program, ``4 * next_pow2(k)`` clamped to ``[64, 16384]``):
+candidate capacity of one program, ``4 * next_pow2(k)`` clamped to ``[64, 16384]``; 8192 for
+k = 2048):
 
 * ``L <= k`` (pass-through): positions ``0 .. L-1`` then ``-1``.
 * ``k < L <= CAP`` (direct): the whole row is loaded into one program as candidates.
-* ``L > CAP`` (sample + scan): a *threshold* kernel sorts nothing: it takes a strided sample of
-  ``SAMPLE`` values of the row and picks, by bisection on the order-preserving key, the value
-  ``t`` of rank ``ceil(SAMPLE * 2k / L)``, so that about ``2k`` row elements are ``>= t``. A *scan*
+* ``L > CAP`` (sample + scan): a *threshold* kernel takes a strided sample of ``SAMPLE`` values
+  of the row and finds (radix search on the order-preserving key) the value ``t`` of rank
+  ``ceil(SAMPLE * 2k / L)`` in it, so that about ``2k`` row elements are ``>= t``. A *scan*
   kernel (the row split into chunks over several programs, as planned) compacts the positions
   of elements ``>= t`` into per-chunk candidate lists, in position order, and counts them.
-  When the total lies in ``[k, CAP]`` (almost always) the *select* kernel gathers the candidates
-  into one program; otherwise it falls back to an exact bisection over the whole row (32 count
-  passes; slow, but correct for any input, e.g. rows of all-equal values).
-* Select: the k-th largest key ``T`` is found by a 32-step bit bisection over the candidates'
-  keys (``count(key >= T) >= k``); every element ``> T`` is taken and elements ``== T`` are taken
-  in ascending position order until ``k`` are selected (ties: lower position wins). Output
-  positions are written in ascending order. An optional epilogue maps positions through the
-  PAGED or RAGGED index transform (see ``topk_transform.py``) before the store.
+  When the total lies in ``[k, CAP]`` (all but adversarial rows) the *select* kernel gathers
+  the candidates into one program; otherwise it falls back to an exact search over the whole
+  row (32 counting passes over the row: slow, but correct for any input, e.g. rows of
+  all-equal values).
+* Select: the k-th largest key ``T`` among the candidates comes from a bit-by-bit radix search
+  (largest ``T`` with ``count(key >= T) >= k``; only the bits below the common prefix of the
+  candidates' min and max key are searched); every element ``> T`` is taken and elements
+  ``== T`` are taken in ascending position order until ``k`` are selected (ties: lower position
+  wins). Positions are written in ascending order. An optional epilogue maps them through the
+  PAGED or RAGGED index transform (``topk_transform.py``) before the store.
 
 The key of a float32 ``v`` is its bit pattern mapped so that unsigned integer order equals float
-order (``-inf < ... < -0.0 < +0.0 < ... < +inf``; NaN sorts beyond +/-inf by its sign).
+order (``-inf < ... < +inf``; ``-0.0`` is first mapped to ``+0.0`` since they compare equal).
+NaN logits are not supported (``validate_topk_inputs`` rejects them inside a row's length).
 
 ``plan_topk`` depends only on the lengths: it is computed once per step and reused by every
-layer (it owns the scratch buffers and decides how long rows are split across programs).
+layer (it owns the scratch buffers and decides which rows are split across how many scan
+programs). Launch knobs below were measured on an H200 (``python -m harness.bench.indexer
+--tune topk``).
 """
 from __future__ import annotations
 
@@ -363,7 +369,9 @@ def plan_topk(seq_lens: torch.Tensor, top_k: int, *, max_len: Optional[int] = No
     Args:
         seq_lens: int32 ``[B]`` row lengths (>= 0), on the device the logits will be on.
         top_k: k (>= 1; may exceed every length: rows are then -1 padded).
-        max_len: ``max(seq_lens)`` if the caller knows it (avoids a device->host sync).
+        max_len: ``max(seq_lens)`` if the caller knows it (avoids a device->host sync; the
+            caller then vouches for ``seq_lens >= 0`` on the GPU). Rows longer than ``max_len``
+            stay correct (they take the exact fallback) but slow.
         chunk_size: elements per scan program (power of two >= 16); default: chosen so the
             long rows give about 4 programs per SM, at least ``MIN_CHUNK``.
         num_sms: SM count (default: the device's; 132 on the CPU).
@@ -377,9 +385,10 @@ def plan_topk(seq_lens: torch.Tensor, top_k: int, *, max_len: Optional[int] = No
         raise ValueError("seq_lens must be a 1-D int32 tensor")
     B = seq_lens.shape[0]
     dev = seq_lens.device
-    if max_len is None:
+    if max_len is None or seq_lens.device.type == "cpu":  # (a sync only when max_len is None)
         if B and bool((seq_lens < 0).any()):
             raise ValueError("seq_lens must be >= 0")
+    if max_len is None:
         max_len = int(seq_lens.max().item()) if B else 0
     if max_len < 0:
         raise ValueError(f"max_len must be >= 0, got {max_len}")

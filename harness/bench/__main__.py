@@ -1,0 +1,36 @@
+"""``python -m harness.bench [NAME ...] [--quick]``: the kernel benchmarks, one after another in
+one process (attention, swap_in, indexer, peers). Each prints its own table; with ``$OUT`` set
+each also writes JSON there."""
+from __future__ import annotations
+
+import importlib
+import sys
+import traceback
+
+BENCHES = ("attention", "swap_in", "indexer", "peers")
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    names = [a for a in argv if not a.startswith("-")] or list(BENCHES)
+    flags = [a for a in argv if a.startswith("-")]
+    bad = [n for n in names if n not in BENCHES]
+    if bad:
+        print(f"error: unknown bench {bad}; allowed: {', '.join(BENCHES)}", file=sys.stderr)
+        return 2
+    failed = 0
+    for name in names:
+        print(f"\n=== {name} ===", flush=True)
+        try:
+            mod = importlib.import_module(f"harness.bench.{name}")
+            mod.main([f for f in flags if name != "peers" or f != "--quick"])
+        except SystemExit as e:
+            failed += bool(e.code)
+        except Exception:  # one broken bench must not hide the others' numbers
+            traceback.print_exc()
+            failed += 1
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""Each Triton kernel beside its upstream peer, measured in the same process
+(``python -m harness.bench.peers``).
+
+* attention: ``sparse_mla_decode`` (ours) vs FlashMLA (``sgl-flash-mla``: the V3.2 fp8 sparse
+  decode for ``fp8_ds_mla`` rows, ``flash_mla_sparse_fwd`` for bf16 rows) on the same queries,
+  KV pool and slot table; both checked against ``harness.reference.sparse_mla_decode_ref``.
+* index conversion: ``convert_req_index_to_global_index`` vs vLLM's Triton kernel where
+  ``vllm`` is importable (it is not on the GPU machine here: its wheel needs torch 2.14).
+
+Timing: ``harness.timing.time_fn`` (CUDA events, cold L2, launch overhead hidden behind a GPU
+spin, median of ``--repeats``). Prints a table last; JSON to ``$OUT/peers_bench.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Dict, List, Optional
+
+import torch
+
+from backends.kernels.flashmla_peer import PeerUnavailable, PeerUnsupported, flashmla_attention
+from backends.kernels.index_convert import convert_req_index_to_global_index
+from backends.kernels.sparse_mla_decode import sparse_mla_decode
+from harness.bench.attention import Pool, _topk_local, flops
+from harness.kv_format import KV_DTYPES
+from harness.reference import sparse_mla_decode_ref
+from harness.timing import time_fn
+
+SHAPES = [(128, 128, 2048), (8, 128, 2048), (64, 64, 512)]
+SM_SCALE = 192 ** -0.5
+
+
+def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.float() - ref).norm() / ref.norm()).item()
+
+
+def attention_rows(repeats: int) -> List[Dict]:
+    dev = torch.device("cuda")
+    try:
+        peer = flashmla_attention(dev)
+        why = ""
+    except PeerUnavailable as e:
+        peer, why = None, str(e)
+    rows = []
+    for fmt in KV_DTYPES:
+        pool = Pool(max(b for b, _, _ in SHAPES), 32768, 64, 576, 512, fmt, dev, seed=1)
+        for b, h, k in SHAPES:
+            g = torch.Generator(device=dev).manual_seed(b * 7 + k)
+            q = torch.randn((b, h, 576), generator=g, device=dev).to(torch.bfloat16)
+            local = _topk_local(b, pool.pool_tokens, k, g, dev)
+            idx = convert_req_index_to_global_index(torch.arange(b, dtype=torch.int32, device=dev),
+                                                    pool.block_table[:b], local, 64)
+            ref_out, _ = sparse_mla_decode_ref(q, pool.cache, idx, SM_SCALE, d_v=512)
+            fl = flops(b, h, k, 576, 512)
+            row = {"kernel": "attention", "kv_dtype": fmt, "B": b, "H": h, "top_k": k}
+            ours = lambda: sparse_mla_decode(q, pool.cache, idx, SM_SCALE, d_v=512)  # noqa: E731
+            row["ours_rel_err"] = _rel(ours()[0], ref_out)
+            row["ours_us"] = time_fn(ours, dev, repeats=repeats).median_us
+            row["ours_tflops"] = fl / row["ours_us"] / 1e6
+            if peer is None:
+                row["peer"] = f"unavailable: {why}"
+            else:
+                theirs = lambda: peer(q, pool.cache, idx, SM_SCALE, d_v=512)  # noqa: E731
+                try:
+                    row["peer_rel_err"] = _rel(theirs()[0], ref_out)
+                    row["peer_us"] = time_fn(theirs, dev, repeats=repeats).median_us
+                    row["peer_tflops"] = fl / row["peer_us"] / 1e6
+                    row["ours_over_peer"] = row["ours_us"] / row["peer_us"]
+                    row["peer"] = "flashmla"
+                except PeerUnsupported as e:
+                    row["peer"] = f"unsupported: {e}"
+            rows.append(row)
+        del pool
+        torch.cuda.empty_cache()
+    return rows
+
+
+def convert_rows() -> List[Dict]:
+    try:
+        from vllm.v1.attention.backends.mla.sparse_utils import triton_convert_req_index_to_global_index  # noqa: F401
+    except Exception as e:  # noqa: BLE001  (absent, or a broken install)
+        return [{"kernel": "convert_req_index_to_global_index",
+                 "peer": f"unavailable: vllm not importable ({type(e).__name__})"}]
+    return [{"kernel": "convert_req_index_to_global_index", "peer": "vllm importable: not benchmarked here"}]
+
+
+def _fmt(rows: List[Dict]) -> str:
+    cols = ["kernel", "kv_dtype", "B", "H", "top_k", "ours_us", "peer_us", "ours_over_peer",
+            "ours_tflops", "peer_tflops", "ours_rel_err", "peer_rel_err", "peer"]
+    out = [" | ".join(cols)]
+    for r in rows:
+        cells = []
+        for c in cols:
+            v = r.get(c, "")
+            cells.append(f"{v:.4g}" if isinstance(v, float) else str(v))
+        out.append(" | ".join(cells))
+    return "\n".join(out)
+
+
+def main(argv: Optional[List[str]] = None) -> List[Dict]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=20)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("peers bench: needs CUDA (FlashMLA has no CPU path); nothing to do")
+        return []
+    rows = attention_rows(args.repeats) + convert_rows()
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "peers_bench.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+    print(_fmt(rows))
+    return rows
+
+
+if __name__ == "__main__":
+    main()

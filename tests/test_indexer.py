@@ -1,0 +1,207 @@
+"""Lightning-indexer kernels (paged decode, ragged extend) against the plain-torch reference."""
+import pytest
+import torch
+
+from backends.kernels.indexer import (indexer_logits_paged, indexer_logits_ragged,
+                                      validate_indexer_paged_inputs)
+from harness.index_cache import IndexKeyCache, quantize_index_keys
+from harness.indexer_ref import indexer_logits_paged_ref, indexer_logits_ragged_ref
+
+
+def assert_logits_close(got, ref):
+    assert got.dtype == torch.float32 and got.shape == ref.shape
+    fin = torch.isfinite(ref)
+    assert torch.equal(fin, torch.isfinite(got)), "-inf pattern differs"
+    assert bool((got[~fin] == float("-inf")).all())
+    if fin.any():
+        scale = ref[fin].abs().max().item()
+        err = (got[fin] - ref[fin]).abs().max().item()
+        assert err <= 2e-6 * scale + 1e-30, f"max error {err} vs max |ref| {scale}"
+
+
+def make_paged(fmt, B, H, D, P, lens, device, seed, key_scale=1.0, extra_pages=5):
+    g = torch.Generator().manual_seed(seed)
+    pages_per = max(1, -(-max(lens) // P))
+    num_pages = B * pages_per + extra_pages
+    cache = IndexKeyCache.allocate(num_pages, P, D, fmt, device)
+    # scrambled pages; entries past a row's length point anywhere (must not be read)
+    bt = torch.randperm(num_pages, generator=g)[:B * pages_per].view(B, pages_per).to(torch.int32)
+    # fill every slot (also unused ones) with keys so stray reads would show
+    keys = torch.randn(num_pages * P, D, generator=g) * key_scale
+    keys *= torch.rand(num_pages * P, 1, generator=g) * 4 + 0.05
+    cache.write_slots(torch.arange(num_pages * P), keys)
+    q = (torch.randn(B, H, D, generator=g)).to(torch.bfloat16)
+    w = torch.randn(B, H, generator=g)
+    seq = torch.tensor(lens, dtype=torch.int32)
+    return (cache.data.to(device), bt.to(device), q.to(device), w.to(device), seq.to(device))
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "bf16"])
+@pytest.mark.parametrize("P", [1, 16, 64])
+def test_paged_matches_reference(fmt, P, device):
+    lens = [37, 0, 150, 64, 1]
+    k_cache, bt, q, w, seq = make_paged(fmt, 5, 16, 32, P, lens, device, seed=P)
+    out = indexer_logits_paged(q, w, k_cache, bt, seq)
+    assert out.shape == (5, 150)
+    ref = indexer_logits_paged_ref(q.cpu(), w.cpu(), k_cache.cpu(), bt.cpu(), seq.cpu())
+    assert_logits_close(out.cpu(), ref)
+
+
+def test_paged_dsv32_heads_and_wider_output(device):
+    """64 heads x 128 dims (DeepSeek-V3.2), fp8, page 64, output wider than the longest row."""
+    lens = [200, 77]
+    k_cache, bt, q, w, seq = make_paged("fp8", 2, 64, 128, 64, lens, device, seed=7)
+    out = indexer_logits_paged(q, w, k_cache, bt, seq, max_len=260, check=True)
+    ref = indexer_logits_paged_ref(q.cpu(), w.cpu(), k_cache.cpu(), bt.cpu(), seq.cpu(),
+                                   max_len=260)
+    assert_logits_close(out.cpu(), ref)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "bf16"])
+@pytest.mark.parametrize("q_scale", [1e-9, 3e5])
+def test_paged_extreme_query_magnitudes(fmt, q_scale, device):
+    """Queries far outside float16 range must still be exact (per-head power-of-two scaling)."""
+    k_cache, bt, q, w, seq = make_paged(fmt, 2, 16, 32, 16, [40, 90], device, seed=11,
+                                        key_scale=1e3 if fmt == "bf16" else 1.0)
+    q = (q.float() * q_scale).to(torch.bfloat16)
+    out = indexer_logits_paged(q, w, k_cache, bt, seq)
+    ref = indexer_logits_paged_ref(q.cpu(), w.cpu(), k_cache.cpu(), bt.cpu(), seq.cpu())
+    assert torch.isfinite(out[0, :40]).all()
+    assert_logits_close(out.cpu(), ref)
+
+
+def _ragged_problem(fmt, device, seed):
+    """Two requests in one concatenated buffer plus a third that shares request 0's prefix:
+    its rows point into request 0's key rows (same ks), causal ke per extend token."""
+    g = torch.Generator().manual_seed(seed)
+    H, D = 16, 32
+    N = 180
+    keys = torch.randn(N, D, generator=g) * (torch.rand(N, 1, generator=g) * 3 + 0.1)
+    ks, ke = [], []
+    for t in range(6):  # request 0: keys [0, 100), extend tokens at positions 94..99
+        ks.append(0)
+        ke.append(95 + t)
+    for t in range(5):  # request 1: keys [100, 180), extend of 5 tokens
+        ks.append(100)
+        ke.append(176 + t)
+    for t in range(3):  # request 2: shares request 0's first 60 keys (prefix), then nothing else
+        ks.append(0)
+        ke.append(58 + t)
+    ks.append(30)  # an empty range
+    ke.append(30)
+    M = len(ks)
+    q = torch.randn(M, H, D, generator=g).to(torch.bfloat16)
+    w = torch.randn(M, H, generator=g)
+    ks = torch.tensor(ks, dtype=torch.int32)
+    ke = torch.tensor(ke, dtype=torch.int32)
+    if fmt == "fp8":
+        vals, scales = quantize_index_keys(keys)
+        kk, sc = vals, scales
+    else:
+        kk, sc = keys.to(torch.bfloat16), None
+    to = (lambda x: None if x is None else x.to(device))
+    return to(q), to(w), to(kk), to(ks), to(ke), to(sc)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "bf16"])
+def test_ragged_matches_reference(fmt, device):
+    q, w, k, ks, ke, sc = _ragged_problem(fmt, device, seed=3)
+    out = indexer_logits_ragged(q, w, k, ks, ke, k_scales=sc, check=True)
+    assert out.shape == (q.shape[0], 100)  # max(ke - ks)
+    ref = indexer_logits_ragged_ref(q.cpu(), w.cpu(), k.cpu(), ks.cpu(), ke.cpu(),
+                                    None if sc is None else sc.cpu())
+    assert_logits_close(out.cpu(), ref)
+    assert bool((out[-1] == float("-inf")).all())  # empty range
+
+
+def test_ragged_float8_dtype_input(device):
+    q, w, k, ks, ke, sc = _ragged_problem("fp8", device, seed=4)
+    a = indexer_logits_ragged(q, w, k, ks, ke, k_scales=sc, max_len=120)
+    b = indexer_logits_ragged(q, w, k.view(torch.float8_e4m3fn), ks, ke, k_scales=sc, max_len=120)
+    assert a.shape == (q.shape[0], 120)
+    assert torch.equal(a, b)
+
+
+def test_paged_validation_errors(device):
+    k_cache, bt, q, w, seq = make_paged("fp8", 2, 16, 32, 16, [20, 30], device, seed=5)
+    with pytest.raises(ValueError, match="q must be a bfloat16"):
+        indexer_logits_paged(q.float(), w, k_cache, bt, seq)
+    with pytest.raises(ValueError, match="powers of two"):
+        indexer_logits_paged(q[:, :12], w[:, :12].contiguous(), k_cache, bt, seq)
+    with pytest.raises(ValueError, match="weights must be a float32"):
+        indexer_logits_paged(q, w.double(), k_cache, bt, seq)
+    with pytest.raises(ValueError, match="k_cache"):
+        indexer_logits_paged(q, w, k_cache[:, :-4], bt, seq)
+    with pytest.raises(ValueError, match="block_table"):
+        indexer_logits_paged(q, w, k_cache, bt[:1], seq)
+    with pytest.raises(ValueError, match="seq_lens"):
+        indexer_logits_paged(q, w, k_cache, bt, seq.long())
+    with pytest.raises(ValueError, match="weights contains non-finite"):
+        bad = w.clone()
+        bad[1, 3] = float("inf")
+        indexer_logits_paged(q, bad, k_cache, bt, seq, check=True)
+    with pytest.raises(ValueError, match="scales"):
+        bad = k_cache.clone()
+        page = int(bt[0, 0])
+        bad[page, 16 * 32: 16 * 32 + 4] = torch.tensor([0, 0, 0xC0, 0x7F], dtype=torch.uint8)
+        validate_indexer_paged_inputs(q, w, bad, bt, seq)  # NaN scale
+    with pytest.raises(ValueError, match="seq_lens must be >= 0"):
+        validate_indexer_paged_inputs(q, w, k_cache, bt, torch.tensor([-1, 3], dtype=torch.int32,
+                                                                      device=device))
+    with pytest.raises(ValueError, match="fewer pages"):
+        validate_indexer_paged_inputs(q, w, k_cache, bt, torch.tensor([20, 33], dtype=torch.int32,
+                                                                      device=device))
+    with pytest.raises(ValueError, match="max_len"):
+        indexer_logits_paged(q, w, k_cache, bt, seq, max_len=10, check=True)
+    bf = make_paged("bf16", 2, 16, 32, 16, [20, 30], device, seed=6)
+    bad = bf[0].clone()
+    bad[int(bf[1][1, 1]), 3, 5] = float("nan")
+    with pytest.raises(ValueError, match="k_cache contains non-finite"):
+        indexer_logits_paged(bf[2], bf[3], bad, bf[1], bf[4], check=True)
+
+
+def test_ragged_validation_errors(device):
+    q, w, k, ks, ke, sc = _ragged_problem("fp8", device, seed=8)
+    with pytest.raises(ValueError, match="k_scales"):
+        indexer_logits_ragged(q, w, k, ks, ke)
+    with pytest.raises(ValueError, match="ks must be an int32"):
+        indexer_logits_ragged(q, w, k, ks[:-1], ke, k_scales=sc)
+    with pytest.raises(ValueError, match="ks <= ke"):
+        indexer_logits_ragged(q, w, k, ke, ks, k_scales=sc, check=True)
+    bad = sc.clone()
+    bad[5] = float("nan")
+    with pytest.raises(ValueError, match="k_scales must be finite"):
+        indexer_logits_ragged(q, w, k, ks, ke, k_scales=bad, check=True)
+    with pytest.raises(ValueError, match="k must be bfloat16"):
+        indexer_logits_ragged(q, w, k.float(), ks, ke)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ctx", [2048, 32768])
+def test_gpu_dsv32_paged(ctx):
+    lens = [ctx, ctx // 3 + 5, 1, 0]
+    k_cache, bt, q, w, seq = make_paged("fp8", 4, 64, 128, 64, lens, "cuda", seed=ctx)
+    out = indexer_logits_paged(q, w, k_cache, bt, seq)
+    ref = indexer_logits_paged_ref(q, w, k_cache, bt, seq)
+    fin = torch.isfinite(ref)
+    assert torch.equal(fin, torch.isfinite(out))
+    err = (out[fin] - ref[fin]).abs().max().item()
+    assert err <= 1e-5 * ref[fin].abs().max().item()
+
+
+@pytest.mark.gpu
+def test_gpu_dsv32_ragged():
+    g = torch.Generator().manual_seed(0)
+    N, M = 8192, 64
+    keys = torch.randn(N, 128, generator=g)
+    vals, sc = quantize_index_keys(keys)
+    ks = torch.zeros(M, dtype=torch.int32)
+    ke = torch.arange(N - M + 1, N + 1, dtype=torch.int32)
+    q = torch.randn(M, 64, 128, generator=g).to(torch.bfloat16)
+    w = torch.randn(M, 64, generator=g)
+    args = [x.cuda() for x in (q, w, vals, ks, ke)]
+    out = indexer_logits_ragged(*args, k_scales=sc.cuda())
+    ref = indexer_logits_ragged_ref(*args, k_scales=sc.cuda())
+    fin = torch.isfinite(ref)
+    assert torch.equal(fin, torch.isfinite(out))
+    assert (out[fin] - ref[fin]).abs().max().item() <= 1e-5 * ref[fin].abs().max().item()
