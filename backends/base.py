@@ -9,7 +9,7 @@ so each stage is timed on its own. Counts that need a device read-back are colle
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar, Dict, Tuple
+from typing import ClassVar, Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -31,6 +31,8 @@ class Backend(ABC):
 
     name: ClassVar[str]
     stages: ClassVar[Tuple[str, ...]]
+    #: takes global slots straight from a fused top-k + PAGED transform (skipping its own)
+    accepts_slots: ClassVar[bool] = False
 
     def __init__(self, workload: Workload, options: Dict[str, object]):
         self.wl = workload
@@ -43,11 +45,13 @@ class Backend(ABC):
         """Per-step bookkeeping before the layers run (e.g. placing the new token). Untimed."""
 
     @abstractmethod
-    def decode_layer(self, step: int, layer: int, q: torch.Tensor, positions: torch.Tensor,
-                     seq_lens: torch.Tensor, timer: StageTimer) -> Tuple[torch.Tensor, torch.Tensor]:
+    def decode_layer(self, step: int, layer: int, q: torch.Tensor, positions: Optional[torch.Tensor],
+                     seq_lens: torch.Tensor, timer: StageTimer,
+                     slots: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         """Serves one layer: q bf16 [B, H, d_qk], positions int32 [B, top_k] request-local
-        (-1 padded), seq_lens int32 [B] (current token included). Returns (out bf16 [B, H, d_v],
-        lse float32 [B, H])."""
+        (-1 padded), seq_lens int32 [B] (current token included); or, for a backend with
+        ``accepts_slots``, ``slots`` int32 [B, top_k] global slots already transformed (then
+        ``positions`` is None). Returns (out bf16 [B, H, d_v], lse float32 [B, H])."""
 
     def layer_counts(self, layer: int) -> Dict[str, np.ndarray]:
         """Per-request int64 [B] counts of the last ``decode_layer`` of ``layer`` (hits, misses,

@@ -7,7 +7,7 @@ Stages: ``transform`` (request-local positions -> global slots), ``attention``.
 """
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 
@@ -21,6 +21,7 @@ from harness.workload import Workload
 class FlashMLASparseBackend(Backend):
     name = "flashmla_sparse"
     stages = ("transform", "attention")
+    accepts_slots = True
 
     def __init__(self, workload: Workload, options: Dict[str, object]):
         super().__init__(workload, options)
@@ -29,11 +30,13 @@ class FlashMLASparseBackend(Backend):
         self.attention = resolve_attention(str(options.get("attention_kernel", "triton")), workload.device,
                                            m.num_heads, m.d_qk, m.d_v, workload.kv_flat(0))
 
-    def decode_layer(self, step: int, layer: int, q: torch.Tensor, positions: torch.Tensor,
-                     seq_lens: torch.Tensor, timer: StageTimer) -> Tuple[torch.Tensor, torch.Tensor]:
+    def decode_layer(self, step: int, layer: int, q: torch.Tensor, positions: Optional[torch.Tensor],
+                     seq_lens: torch.Tensor, timer: StageTimer,
+                     slots: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         wl = self.wl
-        slots = timer.run("transform", lambda: convert_req_index_to_global_index(
-            self.req_ids, wl.block_table, positions, wl.page_size))
+        if slots is None:
+            slots = timer.run("transform", lambda: convert_req_index_to_global_index(
+                self.req_ids, wl.block_table, positions, wl.page_size))
         return timer.run("attention", lambda: self.attention(
             q, wl.kv_flat(layer), slots, wl.model.sm_scale, d_v=wl.model.d_v))
 

@@ -10,7 +10,7 @@ reserved slot (the KV write both designs do).
 """
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -76,8 +76,10 @@ class HiSparseBackend(Backend):
     def begin_step(self, step: int) -> None:
         self.coord.begin_step(np.arange(self.wl.batch_size), self.wl.seq_lens[step].astype(np.int64))
 
-    def decode_layer(self, step: int, layer: int, q: torch.Tensor, positions: torch.Tensor,
-                     seq_lens: torch.Tensor, timer: StageTimer) -> Tuple[torch.Tensor, torch.Tensor]:
+    def decode_layer(self, step: int, layer: int, q: torch.Tensor, positions: Optional[torch.Tensor],
+                     seq_lens: torch.Tensor, timer: StageTimer,
+                     slots: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Takes logical positions (HiSparse always runs the unfused top-k, as upstream)."""
         slots = timer.run("swap_in", lambda: self.coord.swap_in_selected_pages(
             self.req_idx, seq_lens, positions, layer))
         kv = self._kv(layer)

@@ -69,6 +69,8 @@ COLUMNS: Dict[str, str] = {
     "stage_transform_us": "float64",
     "stage_swap_in_us": "float64",
     "stage_attention_us": "float64",
+    "stage_plan_us": "float64",
+    "plan_builds_per_step": "float64",
     # counts, summed over measured steps, layers and requests
     "tokens_selected": "Int64",
     "pages_touched": "Int64",
@@ -125,6 +127,8 @@ STEP_COLUMNS: Dict[str, str] = {
     "bytes_h2d": "Int64",
     "latency_us": "float64",
     "stage_select_us": "float64",
+    "stage_indexer_us": "float64",
+    "stage_topk_us": "float64",
     "stage_transform_us": "float64",
     "stage_swap_in_us": "float64",
     "stage_attention_us": "float64",

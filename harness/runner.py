@@ -24,6 +24,7 @@ from backends.base import BackendInvalid, BackendUnavailable
 from harness import ceilings as ceilings_mod
 from harness import env, results
 from harness.config import ModelConfig
+from harness.indexer_select import IndexerSelector, positions_of_slots
 from harness.selection import PatternParams, Trace, distinct_counts, synthesize
 from harness.timing import StageTimer, TimingStats, UntimedStages
 from harness.validate import backends_of, check_trace
@@ -32,6 +33,7 @@ from harness.workload import Workload, lse_error, relative_error, synthetic_seq_
 log = logging.getLogger("harness")
 
 STAGES = ("select", "indexer", "topk", "transform", "swap_in", "attention")
+STEP_STAGES = ("select", "indexer", "topk", "transform", "swap_in", "attention")
 COUNT_KEYS = ("hits", "misses", "tokens_loaded", "pages_loaded", "bytes_h2d")
 LSE_TOLERANCE = 0.05
 
@@ -39,7 +41,7 @@ LSE_TOLERANCE = 0.05
 @dataclass
 class PointInputs:
     seq_lens: np.ndarray  # int32 [steps, batch]
-    topk: np.ndarray      # int32 [steps, layers, batch, top_k]
+    topk: Optional[np.ndarray]  # int32 [steps, layers, batch, top_k]; None: selection=indexer
 
 
 def make_selection(cfg) -> PointInputs:
@@ -49,6 +51,8 @@ def make_selection(cfg) -> PointInputs:
         check_trace(tr.topk, tr.seq_lens, cfg, cfg.selection.path)
         return PointInputs(tr.seq_lens.astype(np.int32), tr.topk.astype(np.int32))
     seq_lens = synthetic_seq_lens(cfg.context_len, cfg.steps, cfg.batch_size)
+    if cfg.selection.source == "indexer":  # selected inside the measured step
+        return PointInputs(seq_lens, None)
     params = PatternParams(cfg.pattern, cfg.selection.cluster_len, cfg.selection.num_sinks,
                            cfg.selection.window)
     topk = synthesize(params, seq_lens, cfg.num_layers, cfg.top_k, cfg.step_overlap, cfg.seed)
@@ -139,9 +143,12 @@ def run_backend(name: str, cfg, wl: Workload, topk_dev: torch.Tensor, device: to
         be.close()
         return {**row, "status": "invalid", "error": reason}, []
     graphs = LayerGraphs(be) if cfg.timing.cuda_graph else None
+    selector = IndexerSelector(wl, cfg.selection.fuse_topk) if wl.topk is None else None
+    fused_slots = selector is not None and be.accepts_slots and cfg.selection.fuse_topk
+    record = np.full((wl.steps, wl.num_layers, wl.batch_size, wl.top_k), -1, dtype=np.int32)
     step_rows: List[Dict] = []
     samples: List[Dict[str, float]] = []
-    max_err, max_lse = 0.0, 0.0
+    max_err, max_lse, bad_selections = 0.0, 0.0, 0
     sums = {k: 0 for k in ("tokens_selected", "pages_touched", *COUNT_KEYS)}
     timer = StageTimer(device, cold_l2=cfg.timing.cold_l2, launch_shield_us=cfg.timing.launch_shield_us)
     try:
@@ -151,25 +158,38 @@ def run_backend(name: str, cfg, wl: Workload, topk_dev: torch.Tensor, device: to
             be.begin_step(s)
             seq_np = wl.seq_lens[s]
             seq_dev = torch.from_numpy(seq_np).to(device)
+            if selector is not None:
+                selector.begin_step(s, seq_dev)
             for layer in range(wl.num_layers):
                 q = wl.q(s, layer)
-                pos = topk_dev[s, layer]
+                pos, slots = (None, None) if selector is not None else (topk_dev[s, layer], None)
                 if graphs is not None and s > 0:  # step 0 runs eagerly: compiles and warms up
                     out, lse, t = graphs.replay(s, layer, q, pos, seq_dev, timer)
                 else:
+                    if selector is not None:
+                        selector.prepare(s, layer)
                     timer.begin()
-                    out, lse = be.decode_layer(s, layer, q, pos, seq_dev, timer)
+                    if selector is not None:
+                        sel = selector.select(s, layer, seq_dev, timer, want_slots=fused_slots)
+                        pos, slots = (None, sel) if fused_slots else (sel, None)
+                    out, lse = be.decode_layer(s, layer, q, pos, seq_dev, timer, slots=slots)
                     t = timer.end()
                 counts = be.layer_counts(layer)
+                if selector is not None:
+                    t["select"] = t.get("indexer", 0.0) + t.get("topk", 0.0)
+                    if pos is None:
+                        pos = positions_of_slots(wl, slots)
+                    bad_selections += selector.check(layer, pos, seq_np)
                 ref_out, ref_lse = wl.reference(layer, q, pos)
                 max_err = max(max_err, relative_error(out, ref_out))
                 max_lse = max(max_lse, lse_error(lse, ref_lse))
-                tok, pages = distinct_counts(wl.topk[s, layer], wl.page_size)
+                record[s, layer] = pos.cpu().numpy()
+                tok, pages = distinct_counts(record[s, layer], wl.page_size)
                 for b in range(wl.batch_size):
                     r = {"backend": name, "step": s, "layer": layer, "request": b, "warmup": warm,
                          "seq_len": int(seq_np[b]), "tokens_selected": int(tok[b]),
                          "pages_touched": int(pages[b]), "latency_us": t["total"]}
-                    r.update({f"stage_{k}_us": v for k, v in t.items() if k in ("select", "transform", "swap_in", "attention")})
+                    r.update({f"stage_{k}_us": v for k, v in t.items() if k in STEP_STAGES})
                     r.update({k: int(v[b]) for k, v in counts.items()})
                     step_rows.append(r)
                 if not warm:
@@ -177,10 +197,7 @@ def run_backend(name: str, cfg, wl: Workload, topk_dev: torch.Tensor, device: to
                     sums["tokens_selected"] += int(tok.sum())
                     sums["pages_touched"] += int(pages.sum())
                     for k in COUNT_KEYS:
-                        if k in counts:
-                            sums[k] += int(counts[k].sum())
-                        else:
-                            sums[k] = None
+                        sums[k] = sums[k] + int(counts[k].sum()) if (k in counts and sums[k] is not None) else None
     except BackendInvalid as e:
         return {**row, "status": "invalid", "error": str(e)}, step_rows
     except (torch.OutOfMemoryError, MemoryError) as e:
@@ -189,9 +206,15 @@ def run_backend(name: str, cfg, wl: Workload, topk_dev: torch.Tensor, device: to
         row["working_set_bytes"] = be.working_set_bytes() + index_key_bytes(wl)
         row["host_bytes"] = be.host_bytes()
         be.close()
-    row.update(summarize(samples, sums, wl, cfg))
+    row["_record"] = record
+    if selector is not None:
+        row["stage_plan_us"] = TimingStats.of(selector.plan_us).median_us
+        row["plan_builds_per_step"] = float(np.mean(selector.plan_builds))
+    row.update(summarize(samples, sums, wl, cfg, record))
     row["max_rel_err"], row["max_lse_err"] = max_err, max_lse
     bad = []
+    if bad_selections:
+        bad.append(f"indexer top-k differs from the reference scores in {bad_selections} row(s)")
     if not max_err <= cfg.timing.check_tolerance:
         bad.append(f"max_rel_err={max_err:.3g} > tolerance {cfg.timing.check_tolerance}")
     if not max_lse <= LSE_TOLERANCE:
@@ -207,7 +230,7 @@ def index_key_bytes(wl: Workload) -> int:
     return wl.num_layers * wl.batch_size * wl.max_positions * (wl.model.index_dim + 4)
 
 
-def summarize(samples: List[Dict[str, float]], sums: Dict, wl: Workload, cfg) -> Dict:
+def summarize(samples: List[Dict[str, float]], sums: Dict, wl: Workload, cfg, record: np.ndarray) -> Dict:
     """Latency statistics, per-stage medians, counts and derived rates of the measured steps."""
     lat = TimingStats.of([t["total"] for t in samples])
     row = {"latency_us_median": lat.median_us, "latency_us_p10": lat.p10_us,
@@ -225,7 +248,7 @@ def summarize(samples: List[Dict[str, float]], sums: Dict, wl: Workload, cfg) ->
     q_bytes = wl.batch_size * m.num_heads * m.d_qk * 2
     idx_bytes = wl.batch_size * wl.top_k * 4
     row["bytes_hbm_read"] = lat.n * (q_bytes + idx_bytes) + sums["tokens_selected"] * rb
-    valid_entries = int((wl.topk[cfg.timing.warmup_steps:] >= 0).sum())
+    valid_entries = int((record[cfg.timing.warmup_steps:] >= 0).sum())
     row["flops"] = 2.0 * m.num_heads * valid_entries * (m.d_qk + m.d_v)
     sec = lat.median_us * 1e-6
     row["hbm_gbps"] = row["bytes_hbm_read"] / n / sec / 1e9 if sec > 0 else float("nan")
@@ -241,9 +264,6 @@ def summarize(samples: List[Dict[str, float]], sums: Dict, wl: Workload, cfg) ->
 def run_point(cfg, device: torch.device, job_dir: Path, repro: str, cfg_hash: str) -> List[Dict]:
     """Runs all backends of one point; writes result.parquet and steps.parquet atomically."""
     inputs = make_selection(cfg)
-    if cfg.selection.record:
-        Trace(inputs.topk, inputs.seq_lens).save(cfg.selection.record)
-        log.info("recorded selections to %s", cfg.selection.record)
     model = ModelConfig(**OmegaConf.to_container(cfg.model, resolve=True))
     wl = Workload(model=model, device=device, kv_dtype=cfg.kv_dtype, page_size=cfg.page_size,
                   seq_lens=inputs.seq_lens, topk=inputs.topk, top_k=cfg.top_k,
@@ -258,14 +278,21 @@ def run_point(cfg, device: torch.device, job_dir: Path, repro: str, cfg_hash: st
         results.write_results(job_dir, rows)
         return rows
     base = base_row(cfg, wl, device, repro, cfg_hash)
-    topk_dev = torch.from_numpy(inputs.topk).to(device)
+    topk_dev = torch.from_numpy(inputs.topk).to(device) if inputs.topk is not None else None
     rows, step_rows = [], []
+    recorded = False
     for name in names:
         try:
             row, srows = run_backend(name, cfg, wl, topk_dev, device)
         except Exception as e:  # recorded, and the sweep goes on
             log.error("backend %s failed:\n%s", name, traceback.format_exc())
             row, srows = _failed(name, "error", f"{type(e).__name__}: {e}"), []
+        record = row.pop("_record", None)
+        if cfg.selection.record and record is not None and not recorded:
+            # the selections actually served (for selection=indexer: what the indexer chose)
+            Trace(record, inputs.seq_lens).save(cfg.selection.record)
+            log.info("recorded selections to %s", cfg.selection.record)
+            recorded = True
         rows.append({**base, **row})
         step_rows += srows
         log.info("%-16s %-9s median %9.1f us  err %.2e  %s", name, rows[-1]["status"],

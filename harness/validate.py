@@ -76,6 +76,9 @@ def validate(cfg) -> None:
     if cfg.timing.warmup_steps < 0 or cfg.timing.warmup_steps >= cfg.steps:
         raise ConfigError("timing.warmup_steps", cfg.timing.warmup_steps,
                           f"must be >= 0 and < steps ({cfg.steps}) so some steps are measured")
+    if cfg.timing.cuda_graph and cfg.selection.source == "indexer":
+        raise ConfigError("timing.cuda_graph", True, "not supported with selection=indexer yet "
+                          "(the select stage is not captured); use selection=synthetic or trace")
     if cfg.timing.cuda_graph and cfg.device == "cpu":
         raise ConfigError("timing.cuda_graph", True, "CUDA-graph replay needs device=cuda (or auto on a GPU machine)")
     m = cfg.model

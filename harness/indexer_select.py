@@ -1,0 +1,114 @@
+"""``selection=indexer``: the lightning indexer and top-k run inside the measured step.
+
+Per simulated layer an index-key cache (fp8, 132 B per token at dsv32; paged with the workload's
+block table) holds seeded random keys for every position; per (step, layer) the index queries
+``[B, index_heads, index_dim]`` bf16 and head weights ``[B, index_heads]`` float32 are seeded.
+The step's top-k plan is built once from the sequence lengths (``IndexerMetadata.for_decode``)
+and reused by every layer. Stages: ``indexer`` (logits) and ``topk`` (top-k, fused with the
+PAGED transform when the backend takes global slots and ``selection.fuse_topk``; otherwise
+logical positions, as HiSparse needs). ``select`` = indexer + topk.
+
+Every layer step's selection is checked against the torch reference by scores (tie-robust):
+the reference logits at the selected positions, sorted, must equal the reference top-k scores.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import numpy as np
+import torch
+
+from backends.kernels.indexer import indexer_logits_paged
+from backends.kernels.topk import plan_build_count
+from backends.kernels.topk_transform import IndexerMetadata
+from harness.index_cache import IndexKeyCache
+from harness.indexer_ref import indexer_logits_paged_ref
+from harness.timing import StageTimer
+from harness.workload import Workload, _generator
+
+
+class IndexerSelector:
+    def __init__(self, wl: Workload, fuse_topk: bool, key_format: str = "fp8"):
+        self.wl, self.fuse = wl, fuse_topk
+        m, dev = wl.model, wl.device
+        self.caches: List[IndexKeyCache] = []
+        slots = torch.arange(wl.num_pages * wl.page_size, device=dev)
+        for layer in range(wl.num_layers):
+            cache = IndexKeyCache.allocate(wl.num_pages, wl.page_size, m.index_dim, key_format, dev)
+            keys = torch.randn(slots.numel(), m.index_dim, generator=_generator(dev, wl.seed, 4, layer),
+                               device=dev)
+            cache.write_slots(slots, keys)
+            self.caches.append(cache)
+            del keys
+        self.max_len = wl.max_positions
+        self.meta: Optional[IndexerMetadata] = None
+        self.plan_builds: List[int] = []
+        self.plan_us: List[float] = []
+        self.logits: Optional[torch.Tensor] = None
+        self._q = self._w = None
+
+    def cache_bytes(self) -> int:
+        return sum(c.data.numel() * c.data.element_size() for c in self.caches)
+
+    def begin_step(self, step: int, seq_lens: torch.Tensor) -> None:
+        """Builds the step's plan (once; timed on its own, outside the layer samples)."""
+        before = plan_build_count()
+        timer = StageTimer(self.wl.device, cold_l2=False, launch_shield_us=0)
+        timer.begin()
+        self.meta = timer.run("plan", lambda: IndexerMetadata.for_decode(
+            seq_lens, self.wl.block_table, self.wl.page_size, self.wl.top_k, max_len=self.max_len,
+            fuse_topk=self.fuse))
+        self.plan_us.append(timer.end()["plan"])
+        self.plan_builds.append(plan_build_count() - before)
+
+    def inputs(self, step: int, layer: int):
+        m, dev, b = self.wl.model, self.wl.device, self.wl.batch_size
+        g = _generator(dev, self.wl.seed, 5, step, layer)
+        q = torch.randn(b, m.index_heads, m.index_dim, generator=g, device=dev).to(torch.bfloat16)
+        w = torch.randn(b, m.index_heads, generator=g, device=dev) * m.index_heads ** -0.5
+        return q, w
+
+    def select(self, step: int, layer: int, seq_lens: torch.Tensor, timer: StageTimer,
+               want_slots: bool) -> torch.Tensor:
+        """int32 [B, top_k]: global slots (fused PAGED transform) when ``want_slots`` and fused,
+        else request-local positions; -1 padded. Inputs are made before the caller's timer."""
+        q, w = self._q, self._w
+        cache = self.caches[layer]
+        self.logits = timer.run("indexer", lambda: indexer_logits_paged(
+            q, w, cache.data, self.wl.block_table, seq_lens, max_len=self.max_len))
+        if want_slots and self.fuse:
+            return timer.run("topk", lambda: self.meta.select(self.logits))
+        return timer.run("topk", lambda: self.meta.positions(self.logits))
+
+    def prepare(self, step: int, layer: int) -> None:
+        """Draws the (step, layer) index queries and weights (untimed)."""
+        self._q, self._w = self.inputs(step, layer)
+
+    def check(self, layer: int, positions: torch.Tensor, seq_lens: torch.Tensor) -> int:
+        """Rows whose selected scores differ from the reference top-k scores (0 when right)."""
+        ref = indexer_logits_paged_ref(self._q, self._w, self.caches[layer].data, self.wl.block_table,
+                                       seq_lens, max_len=self.max_len).double()
+        k = self.wl.top_k
+        bad = 0
+        for b in range(positions.shape[0]):
+            n = min(k, int(seq_lens[b]))
+            p = positions[b]
+            p = p[p >= 0].long()
+            if p.numel() != n or p.unique().numel() != n:
+                bad += 1
+                continue
+            got = ref[b, p].sort(descending=True).values
+            want = ref[b, : int(seq_lens[b])].topk(n).values
+            if not torch.allclose(got, want, rtol=1e-5, atol=1e-6):
+                bad += 1
+        return bad
+
+
+def positions_of_slots(wl: Workload, slots: torch.Tensor) -> torch.Tensor:
+    """Inverse of the PAGED transform: global slots int32 [B, K] -> request-local positions."""
+    inv = torch.full((wl.num_pages,), -1, dtype=torch.long, device=slots.device)
+    bt = wl.block_table.long()
+    inv[bt.reshape(-1)] = torch.arange(bt.shape[1], device=slots.device).repeat(bt.shape[0])
+    s = slots.long()
+    pos = inv[s.clamp_min(0) // wl.page_size] * wl.page_size + s.clamp_min(0) % wl.page_size
+    return torch.where(s >= 0, pos, torch.full_like(pos, -1)).to(torch.int32)
