@@ -97,7 +97,8 @@ class UvaKernelEngine(CopyEngine):
 
     def __init__(self, rows_per_program: int = 4, num_warps: int = 4):
         if rows_per_program < 1 or rows_per_program & (rows_per_program - 1):
-            raise ValueError(f"rows_per_program must be a power of two >= 1, got {rows_per_program}")
+            raise ValueError(f"rows_per_program must be a power of two >= 1, "
+                             f"got {rows_per_program}")
         self.rows_per_program = rows_per_program
         self.num_warps = num_warps
 

@@ -51,12 +51,15 @@ Counts (``last_counts`` / ``layer_counts(layer)``, int64 ``[batch]`` device tens
 token mode), ``bytes_h2d`` (= tokens_loaded * row_bytes), ``overflow`` (0/1), ``pages_needed``
 (page mode, long requests: distinct non-reserved pages selected; else 0).
 
-The bookkeeping is one Triton kernel (one program per batch row) and, for the default
-``uva_kernel`` engine, the copy is a second Triton kernel: no host sync inside the call.
+The bookkeeping is one Triton kernel (one program per batch row: sort/dedupe the selection,
+binary-search each hot slot's unit in it, cumsum ranks for miss -> evictable assignment and the
+new LRU order) and, for the default ``uva_kernel`` engine, the copy is a second Triton kernel
+reading pinned host memory in place: no host sync inside the call. ``resolve_selection`` and
+``copy_planned_misses`` expose the two stages separately (for stage timing).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -253,6 +256,8 @@ class HiSparseCoordinator:
         self._active = np.zeros(R, dtype=bool)
         self._last_layer: Optional[int] = None
         self._last_batch = 0
+        self._plan_layer: Optional[int] = None
+        self._plan_batch = 0
 
     def set_copy_engine(self, copy_engine: str, rows_per_program: Optional[int] = None) -> None:
         """Switches the copy engine (set-up, between calls); see ``backends/copy_engines.py``."""
@@ -488,11 +493,23 @@ class HiSparseCoordinator:
         Returns int32 ``[B, top_k]``: global row ids into ``device_pool(layer_id)`` (-1 stays
         -1); a view of a per-layer buffer, valid until this layer's next call. Counts go to
         ``layer_counts(layer_id)``. No host sync for the 'uva_kernel' engine.
+        Equivalent to ``resolve_selection`` followed by ``copy_planned_misses``.
         """
+        out = self.resolve_selection(req_pool_indices, seq_lens, topk_indices, layer_id)
+        self.copy_planned_misses(layer_id)
+        return out
+
+    def resolve_selection(self, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+                          topk_indices: torch.Tensor, layer_id: int) -> torch.Tensor:
+        """Stage 1 of the swap-in (one Triton kernel): hit detection, LRU update, miss -> slot
+        assignment, output slot table, counts and the miss plan. The missed rows are *not* in
+        the device pool until ``copy_planned_misses(layer_id)`` runs (for stage timing)."""
         self._check_layer(layer_id)
         B = self._check_call(req_pool_indices, seq_lens, topk_indices)
         out = self.out[layer_id, :B]
         counts = self.counts[layer_id, :B]
+        self._last_layer, self._last_batch = layer_id, B
+        self._plan_layer, self._plan_batch = layer_id, B
         if B == 0:
             return out
         resolve_swap_in_kernel[(B,)](
@@ -509,10 +526,18 @@ class HiSparseCoordinator:
             K_PAD=self.k_pad, LOG_K_PAD=self.k_pad.bit_length() - 1, BLOCK_C=self.block_c,
             SEARCH_STEPS=self.search_steps,
             num_warps=8 if self.k_pad >= 1024 else 4)
-        self.engine.copy(self.host_kv[layer_id], self.device_kv[layer_id], self.plan, B,
-                         self.unit)
-        self._last_layer, self._last_batch = layer_id, B
         return out
+
+    def copy_planned_misses(self, layer_id: int) -> None:
+        """Stage 2 of the swap-in: the copy engine loads the rows planned by the latest
+        ``resolve_selection`` (which must have been for ``layer_id``)."""
+        self._check_layer(layer_id)
+        if self._plan_layer != layer_id:
+            raise ValueError(f"the miss plan is for layer {self._plan_layer}, not {layer_id}: "
+                             f"call resolve_selection for this layer first")
+        self.engine.copy(self.host_kv[layer_id], self.device_kv[layer_id], self.plan,
+                         self._plan_batch, self.unit)
+        self._plan_layer = None
 
     def _check_call(self, req_pool_indices, seq_lens, topk_indices) -> int:
         for name, t in (("req_pool_indices", req_pool_indices), ("seq_lens", seq_lens),

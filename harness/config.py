@@ -3,8 +3,10 @@
 ``conf/config.yaml`` composes ``RunConfig`` with one YAML per concern from ``conf/`` (model,
 selection, timing, hisparse, indexer); ``sweeps/*.yaml`` are registered as the ``sweep`` group
 (``+sweep=NAME``). The plain top-level keys (``backend``, ``page_size``, ``top_k``,
-``batch_size``, ``context_len``, ``steps``, ``num_layers``, ``pattern``, ``step_overlap``)
-are the axes a sweep varies; ``${model.*}`` interpolations give them model defaults.
+``batch_size``, ``context_len``, ``steps``, ``num_layers``, ``pattern``, ``step_overlap``,
+``phase``, ``extend_len``) are the axes a sweep varies; ``${model.*}`` interpolations give them
+model defaults. ``phase=extend`` runs the extend (prefill) step of ``harness/extend.py``, shaped
+by ``extend_len`` and the ``extend.*`` keys (``ExtendConfig``).
 """
 from __future__ import annotations
 
@@ -72,11 +74,23 @@ class HiSparseConfig:
 
 
 @dataclass
+class ExtendConfig:
+    """The extend (prefill) workload of ``phase=extend`` (``harness/extend.py``)."""
+
+    shared_prefix: float = 0.5    # fraction of a group's shortest prefix its requests share (whole pages)
+    group_size: int = 2           # consecutive requests that share one prefix (1: no sharing)
+    prefix_spread: float = 0.25   # prefix lengths uniform in context_len * [1 - spread, 1 + spread]
+
+
+@dataclass
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     selection: SelectionConfig = field(default_factory=SelectionConfig)
     timing: TimingConfig = field(default_factory=TimingConfig)
     hisparse: HiSparseConfig = field(default_factory=HiSparseConfig)
+    extend: ExtendConfig = field(default_factory=ExtendConfig)
+    phase: str = "decode"         # decode | extend (prefill of extend_len new tokens per request)
+    extend_len: int = 128         # phase=extend: new query tokens per request
     backend: str = "all"          # flashmla_sparse | hisparse | all
     attention_kernel: str = "triton"
     kv_dtype: str = "fp8_ds_mla"  # fp8_ds_mla | bf16

@@ -54,7 +54,8 @@ class HotBufferModel:
 
     def __init__(self, device_buffer_size: int, page_size: int, load_granularity: str):
         if load_granularity not in ("token", "page"):
-            raise ValueError(f"load_granularity must be 'token' or 'page', got {load_granularity!r}")
+            raise ValueError(f"load_granularity must be 'token' or 'page', "
+                             f"got {load_granularity!r}")
         self.D = device_buffer_size
         self.P = page_size
         self.page_mode = load_granularity == "page"

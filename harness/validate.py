@@ -16,6 +16,7 @@ GRANULARITIES = ("token", "page")
 COPY_ENGINES = ("uva_kernel", "memcpy", "staged")
 ATTENTION_KERNELS = ("triton", "flashmla")
 DEVICES = ("auto", "cuda", "cpu")
+PHASES = ("decode", "extend")
 
 
 class ConfigError(ValueError):
@@ -55,11 +56,16 @@ def check_value(field: str, value) -> None:
         raise ConfigError(field, value, f"allowed: {', '.join(GRANULARITIES)}")
     if field == "hisparse.copy_engine" and value not in COPY_ENGINES:
         raise ConfigError(field, value, f"allowed: {', '.join(COPY_ENGINES)}")
+    if field == "phase" and value not in PHASES:
+        raise ConfigError(field, value, f"allowed: {', '.join(PHASES)}")
+    if field == "extend_len" and not (isinstance(value, (int, np.integer)) and value >= 1):
+        raise ConfigError(field, value, "must be an integer >= 1")
 
 
 CHECKED_FIELDS = ("page_size", "top_k", "batch_size", "context_len", "steps", "num_layers",
                   "pattern", "step_overlap", "backend", "kv_dtype", "device", "attention_kernel",
-                  "selection.source", "hisparse.load_granularity", "hisparse.copy_engine")
+                  "selection.source", "hisparse.load_granularity", "hisparse.copy_engine",
+                  "phase", "extend_len")
 
 
 def backends_of(cfg) -> list:
@@ -88,7 +94,9 @@ def validate(cfg) -> None:
         raise ConfigError("model.d_v", m.d_v, f"must equal model.d_nope ({m.d_nope}): V is the latent part of the row")
     if m.num_heads < 1:
         raise ConfigError("model.num_heads", m.num_heads, "must be >= 1")
-    if "hisparse" in backends_of(cfg):
+    if cfg.phase == "extend":
+        _check_extend(cfg)
+    if "hisparse" in backends_of(cfg) and cfg.phase == "decode":
         h = cfg.hisparse
         d = h.device_buffer_size if h.device_buffer_size is not None else 2 * cfg.top_k
         if d < cfg.top_k:
@@ -96,6 +104,21 @@ def validate(cfg) -> None:
         if h.load_granularity == "page" and d % cfg.page_size:
             raise ConfigError("hisparse.device_buffer_size", d,
                               f"must be a multiple of page_size ({cfg.page_size}) when load_granularity=page")
+
+
+def _check_extend(cfg) -> None:
+    """phase=extend: the indexer selects inside the step, so there is no trace to replay."""
+    if cfg.selection.source == "trace" or cfg.selection.record:
+        raise ConfigError("selection", cfg.selection.source,
+                          "phase=extend selects with the lightning indexer: no trace replay or "
+                          "record (use selection=synthetic, the default, or selection.source=indexer)")
+    e = cfg.extend
+    if not 0.0 <= e.shared_prefix <= 1.0:
+        raise ConfigError("extend.shared_prefix", e.shared_prefix, "must be a fraction in [0, 1]")
+    if e.group_size < 1:
+        raise ConfigError("extend.group_size", e.group_size, "must be an integer >= 1")
+    if not 0.0 <= e.prefix_spread < 1.0:
+        raise ConfigError("extend.prefix_spread", e.prefix_spread, "must be in [0, 1)")
 
 
 def check_trace(topk: np.ndarray, seq_lens: np.ndarray, cfg, path: Optional[str] = None) -> None:

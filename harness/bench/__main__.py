@@ -12,8 +12,11 @@ BENCHES = ("attention", "swap_in", "indexer", "peers")
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    names = [a for a in argv if not a.startswith("-")] or list(BENCHES)
-    flags = [a for a in argv if a.startswith("-")]
+    names = []
+    while argv and argv[0] in BENCHES + tuple(n for n in argv[:1] if not n.startswith("-")):
+        names.append(argv.pop(0))
+    names = names or list(BENCHES)
+    flags = argv  # everything from the first option on goes to each bench
     bad = [n for n in names if n not in BENCHES]
     if bad:
         print(f"error: unknown bench {bad}; allowed: {', '.join(BENCHES)}", file=sys.stderr)

@@ -50,12 +50,12 @@ class BenchSizes:
     ceiling_bytes: int = 256 << 20
     warmup: int = 3
     repeats: int = 20
-    uva_rows_sweep: tuple = (1, 2, 4, 8, 16)
+    uva_rows_sweep: tuple = (1, 2, 4, 8, 16)    # uva_kernel rows per program (default 4)
 
 
 QUICK = BenchSizes(row_bytes=656, top_k=32, device_buffer_size=64, page_size=8,
                    host_rows_a=4096, batch=3, seq_len_b=100, seq_len_c=400, burn_in_c=2,
-                   ceiling_bytes=1 << 20, warmup=1, repeats=3, uva_rows_sweep=(4,))
+                   ceiling_bytes=1 << 20, warmup=1, repeats=3, uva_rows_sweep=(4, 16))
 
 
 def _random_rows(n: int, row_bytes: int, device: torch.device, gen_seed: int) -> torch.Tensor:
@@ -185,6 +185,11 @@ def bench_all_hits(sz: BenchSizes, device) -> Dict:
         t = time_fn(lambda: c.swap_in_selected_pages(req_t, seq_t, topk, 0), device,
                     warmup=sz.warmup, repeats=sz.repeats)
         res["engines"][engine] = {"us": t.median_us, "p10_us": t.p10_us, "p90_us": t.p90_us}
+    # The resolve kernel alone (no copy launch), at this batch and at batch 1.
+    for name, n in (("resolve_only", B), ("resolve_only_batch1", 1)):
+        t = time_fn(lambda: c.resolve_selection(req_t[:n], seq_t[:n], topk[:n], 0), device,
+                    warmup=sz.warmup, repeats=sz.repeats)
+        res["engines"][name] = {"us": t.median_us, "p10_us": t.p10_us, "p90_us": t.p90_us}
     return res
 
 
@@ -225,8 +230,11 @@ def bench_steady_state(sz: BenchSizes, device) -> Dict:
                    for i in range(steps)]
     want_lru = [model.buffer(0, r).lru for r in reqs]
     res["model_misses_per_request"] = [float(np.mean(m)) for m in want_misses]
-    for engine in COPY_ENGINES:
-        c.set_copy_engine(engine)
+    variants = [(e, None) for e in COPY_ENGINES] + [("uva_kernel", r) for r in sz.uva_rows_sweep
+                                                     if r != 4]
+    for engine, rows_per_program in variants:
+        name = engine if rows_per_program is None else f"uva_kernel_rows{rows_per_program}"
+        c.set_copy_engine(engine, rows_per_program=rows_per_program)
         c.prefill(reqs, [S - 1] * B)
         c.begin_step(reqs, [S] * B)
         misses = []
@@ -235,7 +243,7 @@ def bench_steady_state(sz: BenchSizes, device) -> Dict:
             out = c.swap_in_selected_pages(req_t, seq_t, topk, 0)
             got = c.last_counts["misses"].cpu().numpy()
             if want_misses[i] != got.tolist():
-                raise AssertionError(f"(c) {engine} step {i}: misses differ from the model")
+                raise AssertionError(f"(c) {name} step {i}: misses differ from the model")
             _check_rows(c, reqs, sels[i], out)
             misses.append(float(got.mean()))
         it = iter(range(sz.burn_in_c, steps))
@@ -248,12 +256,12 @@ def bench_steady_state(sz: BenchSizes, device) -> Dict:
         lru = c.lru[0].cpu().numpy()
         for r in reqs:
             if lru[r].tolist() != want_lru[r]:
-                raise AssertionError(f"(c) {engine}: LRU of request {r} differs from the model")
+                raise AssertionError(f"(c) {name}: LRU of request {r} differs from the model")
         last_misses = c.last_counts["misses"].cpu().numpy()
         if last_misses.tolist() != want_misses[-1]:
-            raise AssertionError(f"(c) {engine}: last step's misses differ from the model")
+            raise AssertionError(f"(c) {name}: last step's misses differ from the model")
         rows = float(last_misses.sum())
-        res["engines"][engine] = {
+        res["engines"][name] = {
             "us": t.median_us, "p10_us": t.p10_us, "p90_us": t.p90_us,
             "misses_per_request_last": float(last_misses.mean()),
             "misses_per_request_burn_in": misses,
@@ -279,11 +287,12 @@ def _table(results: Dict) -> str:
                  f"{ce['us']:9.1f} {ce['GBps']:6.2f}")
     b = results["b_all_hits"]
     for e, r in b["engines"].items():
-        lines.append(f"(b) all hits, batch {b['batch']:<3}            {e:<12} {r['us']:9.1f}      -")
+        lines.append(f"(b) all hits, batch {b['batch']:<3}            {e:<12.20} "
+                     f"{r['us']:9.1f}      -")
     cc = results["c_steady_state"]
     for e, r in cc["engines"].items():
         lines.append(f"(c) {int(cc['overlap'] * 100)}% overlap, batch {cc['batch']:<3}         "
-                     f"{e:<12} {r['us']:9.1f} {r['GBps_last_step']:6.2f}  "
+                     f"{e:<12.18} {r['us']:9.1f} {r['GBps_last_step']:6.2f}  "
                      f"(misses/req {r['misses_per_request_last']:.0f})")
     return "\n".join(lines)
 

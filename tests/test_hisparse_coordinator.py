@@ -1,0 +1,331 @@
+"""HiSparseCoordinator vs the pure-Python model (harness/lru_model.py), on fresh random KV.
+
+Every swap-in is checked three ways: the returned slots equal the model's, the counts equal the
+model's, the device rows behind the returned slots hold the host bytes of the selected positions,
+and the per-(layer, request) slot map and LRU order equal the model's.
+"""
+import numpy as np
+import pytest
+import torch
+
+from backends.hisparse_coordinator import (HiSparseCoordinator, HiSparseOOMError,
+                                           find_page_overflow, validate_selection)
+from harness.lru_model import CoordinatorModel
+
+
+class Rig:
+    """A coordinator, its model and the logical KV rows, stepped together and cross-checked."""
+
+    def __init__(self, *, layers=2, reqs=3, max_seq=96, row_bytes=16, top_k=8, D=24, P=4,
+                 gran="token", engine="uva_kernel", device=None, seed=0):
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.c = HiSparseCoordinator(
+            num_layers=layers, max_requests=reqs, max_seq_len=max_seq, row_bytes=row_bytes,
+            top_k=top_k, device_buffer_size=D, page_size=P, load_granularity=gran,
+            copy_engine=engine, device=device, seed=seed)
+        self.m = CoordinatorModel(layers, D, P, gran)
+        g = torch.Generator().manual_seed(seed + 1)
+        self.kv = torch.randint(0, 256, (layers, reqs, max_seq, row_bytes), dtype=torch.uint8,
+                                generator=g)
+        for r in range(reqs):
+            self.c.load_host_kv_all_layers(r, self.kv[:, r])
+        self.layers, self.K, self.device = layers, top_k, torch.device(device)
+        self.rng = np.random.default_rng(seed + 2)
+
+    def prefill(self, reqs, prompt_lens):
+        self.c.prefill(reqs, prompt_lens)
+        self.m.prefill(reqs, prompt_lens)
+
+    def swap(self, reqs, seq_lens, sel, layers=None, begin=True):
+        """One decode step (begin_step + swap-in on each layer), everything checked."""
+        if begin:
+            self.c.begin_step(reqs, seq_lens)
+            self.m.begin_step(reqs, seq_lens)
+        sel = np.asarray(sel, dtype=np.int64)
+        validate_selection(sel, seq_lens)
+        results = []
+        for layer in (range(self.layers) if layers is None else layers):
+            out = self.c.swap_in_selected_pages(
+                torch.tensor(reqs, dtype=torch.int32, device=self.device),
+                torch.tensor(seq_lens, dtype=torch.int32, device=self.device),
+                torch.tensor(sel, dtype=torch.int32, device=self.device), layer)
+            res = self.m.swap_in(reqs, seq_lens, sel.tolist(), layer)
+            self.check(layer, reqs, sel, out, res)
+            results.append(res)
+        return results
+
+    def check(self, layer, reqs, sel, out, res):
+        c = self.c
+        out = out.cpu().numpy().astype(np.int64)
+        counts = {k: v.cpu().numpy() for k, v in c.last_counts.items()}
+        pool = c.device_pool(layer).cpu()
+        for b, r in enumerate(reqs):
+            exp = np.asarray(res[b].offsets, dtype=np.int64)
+            exp = np.where(exp >= 0, exp + c.request_slot_base(r), -1)
+            np.testing.assert_array_equal(out[b], exp, err_msg=f"slots layer {layer} row {b}")
+            got = {k: int(counts[k][b]) for k in counts}
+            want = dict(hits=res[b].hits, misses=res[b].misses,
+                        tokens_loaded=res[b].tokens_loaded, pages_loaded=res[b].pages_loaded,
+                        bytes_h2d=res[b].bytes_h2d(c.row_bytes), overflow=int(res[b].overflow),
+                        pages_needed=res[b].pages_needed)
+            assert got == want, (layer, b)
+            live = sel[b] >= 0
+            if live.any() and not res[b].overflow:
+                rows = pool[torch.from_numpy(out[b][live])]
+                assert torch.equal(rows, self.kv[layer, r, torch.from_numpy(sel[b][live])]), \
+                    f"device bytes differ from host rows, layer {layer} row {b}"
+            buf = self.m.buffer(layer, r)
+            assert c.slot_unit[layer, r].tolist() == buf.slot_unit, (layer, b)
+            assert c.lru[layer, r].tolist() == buf.lru, (layer, b)
+
+    # ---- selection generators
+    def random_sel(self, seq, n_valid=None, dup=True, pad=True):
+        K = self.K
+        n_valid = K if n_valid is None else n_valid
+        s = self.rng.integers(0, seq, n_valid)
+        row = np.full(K, -1, dtype=np.int64)
+        row[:n_valid] = s
+        if dup and n_valid >= 2:
+            row[n_valid - 1] = row[0]
+        if pad and n_valid == K:
+            row[self.rng.integers(0, K)] = -1
+        self.rng.shuffle(row)
+        return row
+
+    def resident_positions(self, layer, req):
+        buf = self.m.buffer(layer, req)
+        return sorted(u for u in buf.slot_unit if u >= 0)
+
+
+def test_token_mode_random_mixed_batch():
+    """Short, long and short->long requests in one batch, random selections with -1 and
+    duplicates, D = 24 (not a power of two), several steps, two layers."""
+    rig = Rig()
+    reqs, lens = [0, 1, 2], [9, 40, 21]       # short, long, crosses D=24 at step 4
+    rig.prefill(reqs, lens)
+    for step in range(6):
+        seq = [n + 1 + step for n in lens]
+        rig.swap(reqs, seq, [rig.random_sel(s) for s in seq])
+
+
+def test_token_mode_adversarial_sequence():
+    rig = Rig(layers=1, reqs=2, top_k=8, D=24)
+    reqs = [1, 0]
+    rig.prefill(reqs, [60, 50])
+    seq = [61, 51]
+    res = rig.swap(reqs, seq, [rig.random_sel(s) for s in seq])
+    # all hits: positions currently resident, newest included
+    sel = []
+    for r, s in zip(reqs, seq):
+        res_pos = rig.resident_positions(0, r)
+        pick = list(rig.rng.choice(res_pos, rig.K - 1, replace=False)) + [s - 1]
+        sel.append(pick)
+    res = rig.swap(reqs, seq, sel, begin=False)[0]
+    assert all(x.misses == 0 and x.hits == rig.K for x in res)
+    # overlap 1: the same selection again is all hits
+    res = rig.swap(reqs, seq, sel, begin=False)[0]
+    assert all(x.misses == 0 for x in res)
+    # all misses, overlap 0: positions neither resident nor newest
+    sel = []
+    for r, s in zip(reqs, seq):
+        free = sorted(set(range(s - 1)) - set(rig.resident_positions(0, r)))
+        sel.append(list(rig.rng.choice(free, rig.K, replace=False)))
+    res = rig.swap(reqs, seq, sel, begin=False)[0]
+    assert all(x.misses == rig.K and x.hits == 0 for x in res)
+    # newest token moves on: the previous newest is now a miss; duplicates + -1 + newest
+    seq = [62, 52]
+    sel = [[60, 60, -1, 61, 61, 3, -1, 60], [50, 51, 2, 2, -1, -1, 40, 41]]
+    res = rig.swap(reqs, seq, sel)[0]
+    assert res[0].hits + res[0].misses == 3 and res[0].tokens_loaded >= 1
+
+
+def test_top_k_equal_to_buffer_evicts_everything():
+    rig = Rig(layers=1, reqs=1, top_k=8, D=8, P=4)
+    rig.prefill([0], [30])
+    for step in range(4):
+        seq = [31 + step]
+        free = sorted(set(range(seq[0] - 1)) - set(rig.resident_positions(0, 0)))
+        sel = [list(rig.rng.choice(free, 8, replace=False))]
+        res = rig.swap([0], seq, sel)[0]
+        assert res[0].misses == 8
+
+
+def test_page_mode_random_with_overflow_and_crossing():
+    """Page granularity: C = 24 / 4 = 6 page slots; selections drawn from few pages (no
+    overflow) and from many (overflow, reported, state unchanged); a request crossing D."""
+    rig = Rig(gran="page", top_k=8, D=24, P=4)
+    reqs, lens = [2, 0, 1], [70, 22, 10]
+    rig.prefill(reqs, lens)
+    n_over = 0
+    for step in range(8):
+        seq = [n + 1 + step for n in lens]
+        sel = []
+        for s in seq:
+            n_pages = (s + 3) // 4
+            k_pages = 5 if step % 3 else 8         # 8 distinct pages may overflow 6 slots
+            pages = rig.rng.choice(n_pages, min(k_pages, n_pages), replace=False)
+            row = [min(int(p) * 4 + int(rig.rng.integers(4)), s - 1) for p in pages]
+            row = (row + [-1] * 8)[:8]
+            if step % 2:
+                row[-1] = s - 1                    # the newest token, in the reserved page
+            sel.append(row)
+        before = [(rig.c.slot_unit[0, r].clone(), rig.c.lru[0, r].clone()) for r in reqs]
+        pool_before = rig.c.device_pool(0).clone()
+        expected_over = dict(find_page_overflow(np.asarray(sel), seq, 4, 24))
+        res = rig.swap(reqs, seq, sel, layers=[0], begin=True)[0]
+        for b, r in enumerate(reqs):
+            assert res[b].overflow == (b in expected_over)
+            if res[b].overflow:
+                n_over += 1
+                assert res[b].pages_needed == expected_over[b] > 6
+                assert torch.equal(rig.c.slot_unit[0, r], before[b][0])
+                assert torch.equal(rig.c.lru[0, r], before[b][1])
+                base = rig.c.request_slot_base(r)
+                sl = slice(base, base + 24)
+                assert torch.equal(rig.c.device_pool(0)[sl], pool_before[sl])
+        rig.swap(reqs, seq, sel, layers=[1], begin=False)
+    assert n_over > 0
+
+
+def test_page_mode_reserved_page_refresh():
+    """The newest token walks across a page boundary: the reserved page follows it and holds
+    every position of the newest page so far; the completed page is then a hot-page miss."""
+    rig = Rig(layers=1, reqs=1, gran="page", top_k=8, D=8, P=4)
+    rig.prefill([0], [29])                         # newest page at the first step: 7 (28..31)
+    for seq in range(30, 38):
+        newest_page = (seq - 1) // 4
+        sel = [list(range(newest_page * 4, seq)) + [-1] * (8 - (seq - newest_page * 4))]
+        res = rig.swap([0], [seq], sel)[0]
+        assert res[0].misses == 0 and res[0].hits == 1
+    sel = [[28, 29, 30, 31, 36, -1, -1, -1]]         # page 7 is no longer the newest page
+    res = rig.swap([0], [37], sel, begin=False)[0]
+    assert res[0].misses == 1 and res[0].tokens_loaded == 4 and res[0].pages_loaded == 1
+
+
+def test_large_buffer_not_power_of_two():
+    """D = 6144 and top_k = 2048 (one program, 6 LRU chunks), interpreter-sized rows."""
+    rig = Rig(layers=1, reqs=1, max_seq=9000, row_bytes=8, top_k=2048, D=6144, P=64)
+    rig.prefill([0], [8000])
+    seq = [8001]
+    sel = [rig.rng.permutation(8001)[:2048]]       # about 3/4 hits
+    res = rig.swap([0], seq, sel)[0]
+    assert 0 < res[0].misses < 2048 and res[0].hits > 0
+    sel2 = np.concatenate([sel[0][:1024], rig.rng.permutation(8001)[:1024]])
+    rig.swap([0], seq, [sel2], begin=False)
+
+
+def test_begin_step_jump_from_short_to_long():
+    rig = Rig(layers=1, reqs=1)
+    rig.prefill([0], [5])
+    rig.swap([0], [6], [rig.random_sel(6)])
+    rig.swap([0], [50], [rig.random_sel(50)])     # grows 6 -> 24 resident, then long
+
+
+def test_resolve_then_copy_stages():
+    """The two stages of a swap-in: after resolve the missed rows are not loaded yet; after the
+    copy they are; a copy for another layer than the plan's is refused."""
+    rig = Rig(layers=2, reqs=1)
+    rig.prefill([0], [60])
+    rig.c.begin_step([0], [61])
+    rig.m.begin_step([0], [61])
+    dev = rig.device
+    sel = np.array([[50, 51, 52, 53, 3, 4, -1, 60]])
+    args = (torch.tensor([0], dtype=torch.int32, device=dev),
+            torch.tensor([61], dtype=torch.int32, device=dev),
+            torch.tensor(sel, dtype=torch.int32, device=dev))
+    before = rig.c.device_pool(0).clone()
+    out = rig.c.resolve_selection(*args, 0)
+    assert int(rig.c.last_counts["misses"][0]) == 4
+    assert torch.equal(rig.c.device_pool(0), before)
+    with pytest.raises(ValueError, match="plan is for layer 0"):
+        rig.c.copy_planned_misses(1)
+    rig.c.copy_planned_misses(0)
+    rig.check(0, [0], sel, out, rig.m.swap_in([0], [61], sel.tolist(), 0))
+
+
+def test_sizes_and_host_page_shuffle():
+    c = HiSparseCoordinator(num_layers=2, max_requests=3, max_seq_len=100, row_bytes=16,
+                            top_k=8, device_buffer_size=24, page_size=4, device="cpu")
+    assert c.device_working_set_bytes() == 2 * 3 * (24 + 4) * 16
+    assert c.host_bytes() == 2 * 3 * 100 * 16
+    c.load_host_kv(0, 1, torch.randint(0, 256, (40, 16), dtype=torch.uint8))
+    pages = c.host_rows_of(1, np.arange(0, 40, 4)) // 4
+    assert len(set(pages.tolist())) == 10 and sorted(pages.tolist()) != pages.tolist()
+
+
+def test_host_pool_exhaustion_is_oom():
+    c = HiSparseCoordinator(num_layers=1, max_requests=2, max_seq_len=64, row_bytes=8,
+                            top_k=4, page_size=4, host_rows=32, device="cpu")
+    c.load_host_kv(0, 0, torch.randint(0, 256, (32, 8), dtype=torch.uint8))
+    with pytest.raises(HiSparseOOMError, match="host pool exhausted"):
+        c.load_host_kv(0, 1, torch.randint(0, 256, (4, 8), dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(top_k=16, device_buffer_size=8), "device_buffer_size"),
+    (dict(load_granularity="page", device_buffer_size=30, page_size=4), "multiple of page_size"),
+    (dict(load_granularity="block"), "load_granularity"),
+    (dict(copy_engine="dma"), "copy_engine"),
+    (dict(row_bytes=0), "row_bytes"),
+])
+def test_constructor_validation(kwargs, match):
+    args = dict(num_layers=1, max_requests=2, max_seq_len=64, row_bytes=8, top_k=4,
+                page_size=4, device="cpu")
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        HiSparseCoordinator(**args)
+
+
+def test_selection_and_call_validation():
+    with pytest.raises(ValueError, match=r"topk_indices\[1, 2\] = 7"):
+        validate_selection(np.array([[0, 1, 2], [0, -1, 7]]), [5, 7])
+    with pytest.raises(ValueError, match=r"topk_indices\[0, 0\] = -3"):
+        validate_selection(np.array([[-3]]), [5])
+    with pytest.raises(ValueError, match="seq_lens"):
+        validate_selection(np.array([[0]]), [0])
+    c = HiSparseCoordinator(num_layers=1, max_requests=2, max_seq_len=64, row_bytes=8, top_k=4,
+                            page_size=4, device="cpu")
+    t = torch.zeros(1, 4, dtype=torch.int32)
+    one = torch.ones(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="topk_indices must be int32"):
+        c.swap_in_selected_pages(one * 0, one, t.long(), 0)
+    with pytest.raises(ValueError, match="top_k=4"):
+        c.swap_in_selected_pages(one * 0, one, torch.zeros(1, 5, dtype=torch.int32), 0)
+    with pytest.raises(ValueError, match="layer_id"):
+        c.swap_in_selected_pages(one * 0, one, t, 3)
+    with pytest.raises(ValueError, match="seq_lens"):
+        c.swap_in_selected_pages(one * 0, torch.ones(2, dtype=torch.int32), t, 0)
+    with pytest.raises(ValueError, match="distinct"):
+        c.begin_step([0, 0], [3, 3])
+    with pytest.raises(ValueError, match="not been prefilled"):
+        c.begin_step([1], [3])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gran", ["token", "page"])
+def test_gpu_uva_dsv32_size(gran):
+    """On the GPU: pinned host pool read over UVA, 656 B rows, top_k 2048, D 4096, 64-token
+    pages; several steps with ~60% overlap, checked against the model and the host bytes."""
+    D, K, P = 4096, 2048, 64
+    rig = Rig(layers=1, reqs=2, max_seq=20000, row_bytes=656, top_k=K, D=D, P=P, gran=gran,
+              device="cuda")
+    assert rig.c.host_kv.is_pinned()
+    reqs, lens = [1, 0], [16000, 3000]             # long and short
+    rig.prefill(reqs, lens)
+    prev = [None, None]
+    for step in range(3):
+        seq = [n + 1 + step for n in lens]
+        sel = []
+        for b, s in enumerate(seq):
+            if gran == "page":                     # <= 50 pages of 64, within 64 page slots
+                n_pages = min(50, s // P)
+                pages = rig.rng.choice(s // P, n_pages, replace=False)
+                row = (pages[:, None] * P + rig.rng.integers(0, P, (n_pages, 41))).reshape(-1)
+                row = np.resize(row, K)
+            elif prev[b] is None:
+                row = rig.rng.permutation(s)[:K]
+            else:
+                row = np.concatenate([prev[b][:1200], rig.rng.permutation(s)[:K - 1200]])
+            prev[b] = row
+            sel.append(row)
+        rig.swap(reqs, seq, sel)
