@@ -30,7 +30,9 @@ def provenance(device: str) -> Dict[str, object]:
     except ImportError:  # pragma: no cover - triton is a dependency
         triton_version = "absent"
     gpu = torch.cuda.get_device_name(0) if device.startswith("cuda") else f"cpu ({platform.processor() or platform.machine()})"
-    sha = _git("rev-parse", "HEAD") or "unknown"
+    sha = _git("rev-parse", "HEAD")
+    if len(sha) != 40 or any(c not in "0123456789abcdef" for c in sha):
+        sha = "unknown"  # not a git checkout (e.g. a copied tree on the GPU machine)
     return {
         "git_sha": sha,
         "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")) if sha != "unknown" else None,

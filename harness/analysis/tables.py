@@ -35,6 +35,8 @@ CELL_AXES = ("page_size", "top_k", "pattern", "context_len", "batch_size", "step
 SOFT_AXES = ("step_overlap", "attention_kernel")
 #: backend-specific settings
 VARIANT_AXES = ("backend", "device_buffer_size", "load_granularity", "copy_engine", "fuse_topk")
+#: variant axes whose default follows top_k (hisparse's buffer defaults to 2 x top_k)
+TIED_TO_TOP_K = ("device_buffer_size",)
 STAGE_COLS = ("stage_select_us", "stage_transform_us", "stage_swap_in_us", "stage_attention_us")
 MISSING = "missing"
 #: failures that are properties of a design at that point (it does not fit, or cannot serve the
@@ -184,7 +186,14 @@ def axis_roles(df: pd.DataFrame) -> AxisRoles:
         if a not in df.columns:
             continue
         for f in fams:
-            if _nunique(df.loc[fam_of == f, a]) > 1:
+            sub = df.loc[fam_of == f]
+            if a in TIED_TO_TOP_K and "top_k" in sub:
+                # e.g. the default device_buffer_size = 2 x top_k: a function of the cell's top_k,
+                # not a variant, unless it also varies at a fixed top_k
+                varies = any(_nunique(g[a]) > 1 for _, g in sub.groupby("top_k"))
+            else:
+                varies = _nunique(sub[a]) > 1
+            if varies:
                 variants[f].append(a)
     return AxisRoles(cell=cell, variants=variants, families=fams)
 
