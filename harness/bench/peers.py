@@ -5,7 +5,8 @@
   decode for ``fp8_ds_mla`` rows, ``flash_mla_sparse_fwd`` for bf16 rows) on the same queries,
   KV pool and slot table; both checked against ``harness.reference.sparse_mla_decode_ref``.
 * index conversion: ``convert_req_index_to_global_index`` vs vLLM's Triton kernel where
-  ``vllm`` is importable (it is not on the GPU machine here: its wheel needs torch 2.14).
+  ``vllm`` is importable (it is not on the GPU machine here: its wheel needs torch 2.14);
+  ``rel_err`` there is the fraction of wrong slots.
 
 Timing: ``harness.timing.time_fn`` (CUDA events, cold L2, launch overhead hidden behind a GPU
 spin, median of ``--repeats``). Prints a table last; JSON to ``$OUT/peers_bench.json``.
@@ -24,7 +25,8 @@ from backends.kernels.index_convert import convert_req_index_to_global_index
 from backends.kernels.sparse_mla_decode import sparse_mla_decode
 from harness.bench.attention import Pool, _topk_local, flops
 from harness.kv_format import KV_DTYPES
-from harness.reference import sparse_mla_decode_ref
+from backends.kernels.vllm_peer import vllm_convert_kernel, vllm_convert_req_index_to_global_index
+from harness.reference import convert_req_index_to_global_index_ref, sparse_mla_decode_ref
 from harness.timing import time_fn
 
 SHAPES = [(128, 128, 2048), (8, 128, 2048), (64, 64, 512)]
@@ -76,13 +78,29 @@ def attention_rows(repeats: int) -> List[Dict]:
     return rows
 
 
-def convert_rows() -> List[Dict]:
+def convert_rows(repeats: int) -> List[Dict]:
+    """Our conversion kernel vs vLLM's at B=128, top_k=2048, page 64 (where vllm imports)."""
+    dev = torch.device("cuda")
+    row = {"kernel": "convert_req_index_to_global_index", "B": 128, "top_k": 2048}
+    g = torch.Generator(device=dev).manual_seed(0)
+    bt = torch.randperm(128 * 512, generator=g, device=dev).to(torch.int32).view(128, 512)
+    req = torch.arange(128, dtype=torch.int32, device=dev)
+    tok = torch.randint(0, 512 * 64, (128, 2048), generator=g, device=dev, dtype=torch.int32)
+    ref = convert_req_index_to_global_index_ref(req, bt, tok, 64)
+    ours = lambda: convert_req_index_to_global_index(req, bt, tok, 64)  # noqa: E731
+    row["ours_rel_err"] = float((ours() != ref).float().mean())
+    row["ours_us"] = time_fn(ours, dev, repeats=repeats).median_us
     try:
-        from vllm.v1.attention.backends.mla.sparse_utils import triton_convert_req_index_to_global_index  # noqa: F401
-    except Exception as e:  # noqa: BLE001  (absent, or a broken install)
-        return [{"kernel": "convert_req_index_to_global_index",
-                 "peer": f"unavailable: vllm not importable ({type(e).__name__})"}]
-    return [{"kernel": "convert_req_index_to_global_index", "peer": "vllm importable: not benchmarked here"}]
+        vllm_convert_kernel()
+    except PeerUnavailable as e:
+        row["peer"] = f"unavailable: {str(e)[:80]}"
+        return [row]
+    theirs = lambda: vllm_convert_req_index_to_global_index(req, bt, tok, 64)  # noqa: E731
+    row["peer_rel_err"] = float((theirs() != ref).float().mean())
+    row["peer_us"] = time_fn(theirs, dev, repeats=repeats).median_us
+    row["ours_over_peer"] = row["ours_us"] / row["peer_us"]
+    row["peer"] = "vllm"
+    return [row]
 
 
 def _fmt(rows: List[Dict]) -> str:
@@ -105,7 +123,7 @@ def main(argv: Optional[List[str]] = None) -> List[Dict]:
     if not torch.cuda.is_available():
         print("peers bench: needs CUDA (FlashMLA has no CPU path); nothing to do")
         return []
-    rows = attention_rows(args.repeats) + convert_rows()
+    rows = attention_rows(args.repeats) + convert_rows(args.repeats)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "peers_bench.json"), "w") as f:
             json.dump(rows, f, indent=1)
