@@ -42,3 +42,28 @@ def test_notebook_executes(tmp_path, monkeypatch):
     assert "PROJECTION onto gh200" in "\n".join(o.get("data", {}).get("text/markdown", "") for o in outputs)
     # heatmap, latency vs top-k, amplification, stage breakdown, hit rate
     assert len(pngs) >= 5
+
+
+def test_notebook_on_a_cpu_sweep(tmp_path, monkeypatch):
+    """The notebook on results the harness itself produced (a tiny CPU sweep, both backends)."""
+    import subprocess
+    from harness import results
+    root = NOTEBOOK.parents[1]
+    sweep = tmp_path / "cpu_sweep"
+    r = subprocess.run([sys.executable, "-m", "harness", "-m", "page_size=16,64", "top_k=32",
+                        "context_len=200", "steps=3", "timing.warmup_steps=1", "batch_size=2",
+                        "report=false", f"hydra.sweep.dir={sweep}"], cwd=root, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    n = len(results.load(sweep))
+    assert n == 4
+    monkeypatch.setenv("DSA_RUN_DIR", str(sweep))
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    NotebookClient(nb, timeout=180, kernel_name="python3",
+                   resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    text = "\n".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+    html = "\n".join(o.get("data", {}).get("text/html", "") for o in outputs)
+    assert f"{n} rows from {sweep}" in text
+    assert "flashmla_sparse" in html and "hisparse" in html and "winner" in html
