@@ -43,7 +43,7 @@ The measured layer step (stages timed with ``harness.timing.StageTimer``)
     batch axis, over the ragged bf16 buffer: out bf16 ``[M, H, d_v]``, lse float32 ``[M, H]``.
 
 The index heads are zero-padded to the indexer kernel's minimum (a power of two >= 16) with
-zero weights, which adds exactly 0 to every logit (the tiny model has 4 index heads).
+zero weights, which adds exactly 0 to every logit (so a model with e.g. 4 index heads runs).
 
 Checks (every layer step, warm-up included; outside the timed region)
 ---------------------------------------------------------------------
@@ -66,6 +66,14 @@ Counts (per query row, summed over measured steps, layers and rows as in decode)
 ``tokens_selected`` = distinct valid selected positions, ``pages_touched`` = distinct pages of
 ``page_size`` holding them. ``steps`` repeats the extend step on the same caches with fresh
 queries (``timing.warmup_steps`` of them excluded from the numbers).
+
+Result columns that differ from decode: ``phase=extend``, ``selection=pattern=indexer``,
+``context_len`` = the configured mean prefix; a sample is one layer step of all ``M`` query rows;
+``stage_select_us`` = indexer + topk; ``stage_plan_us`` / ``plan_builds_per_step``: the per-step
+RAGGED top-k plan (outside the samples); ``stage_gather_us`` (once ``harness.results`` has the
+column); ``bytes_hbm_read`` / ``bytes_selected`` count bf16 rows (what attention reads here);
+``working_set_bytes`` = paged KV + index keys of the pages in use (shared pages once) + the
+step's workspaces (ragged KV and keys, logits, indices).
 """
 from __future__ import annotations
 
@@ -90,7 +98,7 @@ from harness.reference import convert_req_index_to_global_index_ref, sparse_mla_
 from harness.selection import distinct_counts
 from harness.timing import StageTimer
 from harness.validate import backends_of
-from harness.workload import Workload, _generator, lse_error, relative_error
+from harness.workload import Workload, seeded_generator, lse_error, relative_error
 
 log = logging.getLogger("harness")
 
@@ -219,17 +227,17 @@ class ExtendWorkload:
                         num_layers=num_layers, seed=seed).build()
         bt, used = shared_block_table(total, shared, group_of, page_size, pool.num_pages, seed)
         caches = []
-        n_slots = pool.num_pages * page_size
+        # seeded as harness.indexer_select does for decode; every slot (unused ones too, so
+        # stray reads would show)
+        slots = torch.arange(pool.num_pages * page_size, device=device)
         for layer in range(num_layers):
             cache = IndexKeyCache.allocate(pool.num_pages, page_size, model.index_dim,
                                            IndexKeyFormat.FP8, device)
-            g = _generator(device, seed, 4, layer)
-            chunk = 1 << 18
-            for s in range(0, n_slots, chunk):  # every slot (unused ones too: stray reads show)
-                e = min(n_slots, s + chunk)
-                cache.write_slots(torch.arange(s, e, device=device),
-                                  torch.randn(e - s, model.index_dim, generator=g, device=device))
+            keys = torch.randn(slots.numel(), model.index_dim,
+                               generator=seeded_generator(device, seed, 4, layer), device=device)
+            cache.write_slots(slots, keys)
             caches.append(cache)
+            del keys
         cu = np.concatenate([[0], np.cumsum(total)[:-1]])
         E = extend_len
         row_req = np.repeat(np.arange(batch_size), E)
@@ -278,18 +286,18 @@ class ExtendWorkload:
 
     def q(self, step: int, layer: int) -> torch.Tensor:
         """Seeded absorbed attention queries bf16 ``[M, H, d_qk]``."""
-        g = _generator(self.device, self.seed, 5, step, layer)
+        g = seeded_generator(self.device, self.seed, 3, step, layer)
         m = self.model
         return torch.randn(self.num_rows, m.num_heads, m.d_qk, generator=g,
                            device=self.device).to(torch.bfloat16)
 
     def index_q(self, step: int, layer: int) -> Tuple[torch.Tensor, torch.Tensor]:
         """Seeded index queries bf16 ``[M, index_heads, index_dim]`` and weights float32
-        ``[M, index_heads]``."""
-        g = _generator(self.device, self.seed, 6, step, layer)
+        ``[M, index_heads]`` (scaled by ``index_heads ** -0.5``, as ``harness.indexer_select``)."""
+        g = seeded_generator(self.device, self.seed, 5, step, layer)
         m = self.model
         q = torch.randn(self.num_rows, m.index_heads, m.index_dim, generator=g, device=self.device)
-        w = torch.randn(self.num_rows, m.index_heads, generator=g, device=self.device)
+        w = torch.randn(self.num_rows, m.index_heads, generator=g, device=self.device) * m.index_heads ** -0.5
         return q.to(torch.bfloat16), w
 
     def cache_bytes(self) -> int:
@@ -356,9 +364,11 @@ def _ragged_gather_kernel(
                      mask=valid[:, None] & (offs_g[None, :] < D_V // 128), other=0.0)
         vals = nope.to(tl.float8e4nv, bitcast=True).to(tl.float32)
         vals = tl.reshape(vals, [BLOCK_T, G, D_V_PAD // G]) * sc[:, :, None]
-        nope = tl.reshape(vals, [BLOCK_T, D_V_PAD]).to(tl.bfloat16)
+        v = tl.reshape(vals, [BLOCK_T, D_V_PAD]).to(tl.bfloat16)
+    else:
+        v = nope
     out_row = out_ptr + dst[:, None] * stride_out
-    tl.store(out_row + offs_v[None, :], nope, mask=vmask)
+    tl.store(out_row + offs_v[None, :], v, mask=vmask)
     offs_r = tl.arange(0, D_ROPE_PAD)
     rmask = valid[:, None] & (offs_r[None, :] < D_ROPE)
     rope = tl.load(rope_ptr + slot[:, None] * stride_rope + rope_off + offs_r[None, :], mask=rmask,
@@ -482,6 +492,8 @@ class ExtendStep:
         self.logits = torch.empty(M, ew.max_len, dtype=torch.float32, device=dev)
         self.indices = torch.empty(M, ew.top_k, dtype=torch.int32, device=dev)
         self.meta = None
+        self.plan_us: List[float] = []      # per step: building the top-k plan (untimed in samples)
+        self.plan_builds: List[int] = []    # per step: plan_topk calls (1: reused by every layer)
         self.attention: Callable = resolve_attention(attention_kernel, dev, m.num_heads, m.d_qk,
                                                      m.d_v, self.kv)
 
@@ -491,11 +503,18 @@ class ExtendStep:
                    for t in (self.kv, self.keys, self.key_scales, self.logits, self.indices))
 
     def begin_step(self) -> None:
-        """Per-step indexer metadata (RAGGED, one top-k plan reused by every layer). Untimed."""
+        """Per-step indexer metadata (RAGGED, one top-k plan reused by every layer), timed on its
+        own outside the layer samples (as ``harness.indexer_select`` does for decode)."""
+        from backends.kernels.topk import plan_build_count
         from backends.kernels.topk_transform import IndexerMetadata
         ew = self.ew
-        self.meta = IndexerMetadata.for_extend(ew.ks, ew.ke, ew.top_k, max_len=ew.max_len,
-                                               fuse_topk=self.fuse_topk)
+        before = plan_build_count()
+        timer = StageTimer(ew.device, cold_l2=False, launch_shield_us=0)
+        timer.begin()
+        self.meta = timer.run("plan", lambda: IndexerMetadata.for_extend(
+            ew.ks, ew.ke, ew.top_k, max_len=ew.max_len, fuse_topk=self.fuse_topk))
+        self.plan_us.append(timer.end()["plan"])
+        self.plan_builds.append(plan_build_count() - before)
 
     def layer(self, layer: int, q: torch.Tensor, q_idx: torch.Tensor, w_idx: torch.Tensor,
               timer) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -621,34 +640,31 @@ def _known(row: Dict, columns: Dict[str, str]) -> Dict:
     return row if GATHER_COLUMN in columns else {k: v for k, v in row.items() if k != GATHER_COLUMN}
 
 
-def summarize_extend(samples: List[Dict[str, float]], sums: Dict, ew: ExtendWorkload, cfg) -> Dict:
+def summarize_extend(samples: List[Dict[str, float]], sums: Dict, ew: ExtendWorkload, cfg,
+                     record: np.ndarray) -> Dict:
     """``runner.summarize`` over the extend samples, plus the extend-specific columns.
 
     The decode summary is applied with the query rows as its batch (``M``) and bf16 rows as the
     row size (attention reads the ragged bf16 buffer), so ``bytes_hbm_read`` = per sample the
-    queries ``M*H*d_qk*2`` + index table ``M*top_k*4`` + each selected bf16 row once, and
-    ``bytes_selected`` = ``tokens_selected * 2 * d_qk``. ``flops`` counts every selected entry
-    (top-k indices are distinct, so = ``tokens_selected``). ``stage_gather_us``: median gather.
+    queries ``M*H*d_qk*2`` + index table ``M*top_k*4`` + each selected bf16 row once,
+    ``bytes_selected`` = ``tokens_selected * 2 * d_qk`` and ``flops`` = ``2*H*(valid entries of
+    record)*(d_qk + d_v)``. ``record``: int32 ``[steps, layers, M, top_k]`` selected positions
+    (-1 = none). ``stage_gather_us``: median gather.
     """
     from harness.runner import summarize
     from harness.timing import TimingStats
     m = ew.model
     view = SimpleNamespace(batch_size=ew.num_rows, model=m, top_k=ew.top_k,
-                           row_bytes=kv_format.row_bytes("bf16", m.d_nope, m.d_rope),
-                           # decode reads its valid entries from this array; extend sets flops below
-                           topk=np.zeros((cfg.timing.warmup_steps, 0), dtype=np.int32))
-    row = summarize(samples, sums, view, cfg)
-    row["flops"] = 2.0 * m.num_heads * sums["tokens_selected"] * (m.d_qk + m.d_v)
-    sec = row["latency_us_median"] * 1e-6
-    n = max(row["n_samples"], 1)
-    row["tflops"] = row["flops"] / n / sec / 1e12 if sec > 0 else float("nan")
+                           row_bytes=kv_format.row_bytes("bf16", m.d_nope, m.d_rope))
+    row = summarize(samples, sums, view, cfg, record)
     row[GATHER_COLUMN] = TimingStats.of([t["gather"] for t in samples]).median_us if samples else float("nan")
     return row
 
 
 def run_extend_backend(cfg, ew: ExtendWorkload, device: torch.device) -> Tuple[Dict, List[Dict]]:
     """Runs every extend step and layer (``flashmla_sparse`` style). Returns (row, step_rows)."""
-    from harness.runner import LSE_TOLERANCE
+    from harness.runner import LSE_TOLERANCE, STEP_STAGES
+    from harness.timing import TimingStats
     name = "flashmla_sparse"
     if cfg.timing.cuda_graph:
         return {"backend": name, "status": "invalid",
@@ -671,6 +687,8 @@ def run_extend_backend(cfg, ew: ExtendWorkload, device: torch.device) -> Tuple[D
     sums: Dict = {"tokens_selected": 0, "pages_touched": 0, "tokens_loaded": 0, "pages_loaded": 0,
                   "bytes_h2d": 0, "hits": None, "misses": None}
     max_err, max_lse, topk_bad = 0.0, 0.0, None
+    # the selections served: request-local positions, -1 padded (flops count its valid entries)
+    record = np.full((cfg.steps, ew.num_layers, ew.num_rows, ew.top_k), -1, dtype=np.int32)
     try:
         for s in range(cfg.steps):
             warm = s < cfg.timing.warmup_steps
@@ -692,13 +710,15 @@ def run_extend_backend(cfg, ew: ExtendWorkload, device: torch.device) -> Tuple[D
                                             ew.ke - ew.ks)
                 if bad and topk_bad is None:
                     topk_bad = f"step {s} layer {layer}: {bad}"
-                tok, pages = distinct_counts(pos.cpu().numpy(), ew.page_size)
+                record[s, layer] = pos.cpu().numpy()
+                tok, pages = distinct_counts(record[s, layer], ew.page_size)
+                stages = {f"stage_{k}_us": v for k, v in t.items() if k in STEP_STAGES}
+                stages[GATHER_COLUMN] = t["gather"]
                 for r in range(ew.num_rows):
                     sr = {"backend": name, "step": s, "layer": layer, "request": r, "warmup": warm,
                           "seq_len": int(row_lens[r]), "tokens_selected": int(tok[r]),
                           "pages_touched": int(pages[r]), "tokens_loaded": 0, "pages_loaded": 0,
-                          "bytes_h2d": 0, "latency_us": t["total"], "stage_select_us": t["select"],
-                          "stage_attention_us": t["attention"], GATHER_COLUMN: t["gather"]}
+                          "bytes_h2d": 0, "latency_us": t["total"], **stages}
                     step_rows.append(_known(sr, results.STEP_COLUMNS))
                 if not warm:
                     samples.append(t)
@@ -711,7 +731,9 @@ def run_extend_backend(cfg, ew: ExtendWorkload, device: torch.device) -> Tuple[D
                 "error": f"out of memory while running: {str(e).splitlines()[0]}"}, step_rows
     row["working_set_bytes"] = ew.cache_bytes() + step.workspace_bytes()
     row["host_bytes"] = 0
-    row.update(summarize_extend(samples, sums, ew, cfg))
+    row.update(summarize_extend(samples, sums, ew, cfg, record))
+    row["stage_plan_us"] = TimingStats.of(step.plan_us).median_us
+    row["plan_builds_per_step"] = float(np.mean(step.plan_builds))
     row["max_rel_err"], row["max_lse_err"] = max_err, max_lse
     bad = []
     if not max_err <= cfg.timing.check_tolerance:

@@ -24,7 +24,7 @@ from backends.kernels.topk_transform import IndexerMetadata
 from harness.index_cache import IndexKeyCache
 from harness.indexer_ref import indexer_logits_paged_ref
 from harness.timing import StageTimer
-from harness.workload import Workload, _generator
+from harness.workload import Workload, seeded_generator
 
 
 class IndexerSelector:
@@ -35,7 +35,7 @@ class IndexerSelector:
         slots = torch.arange(wl.num_pages * wl.page_size, device=dev)
         for layer in range(wl.num_layers):
             cache = IndexKeyCache.allocate(wl.num_pages, wl.page_size, m.index_dim, key_format, dev)
-            keys = torch.randn(slots.numel(), m.index_dim, generator=_generator(dev, wl.seed, 4, layer),
+            keys = torch.randn(slots.numel(), m.index_dim, generator=seeded_generator(dev, wl.seed, 4, layer),
                                device=dev)
             cache.write_slots(slots, keys)
             self.caches.append(cache)
@@ -63,7 +63,7 @@ class IndexerSelector:
 
     def inputs(self, step: int, layer: int):
         m, dev, b = self.wl.model, self.wl.device, self.wl.batch_size
-        g = _generator(dev, self.wl.seed, 5, step, layer)
+        g = seeded_generator(dev, self.wl.seed, 5, step, layer)
         q = torch.randn(b, m.index_heads, m.index_dim, generator=g, device=dev).to(torch.bfloat16)
         w = torch.randn(b, m.index_heads, generator=g, device=dev) * m.index_heads ** -0.5
         return q, w

@@ -21,6 +21,10 @@ from typing import Dict, Iterable, List, Mapping
 import pandas as pd
 
 SCHEMA_VERSION = 1
+
+#: per-stage time columns (microseconds), in both tables
+STAGE_TIME_COLUMNS: Dict[str, str] = {f"stage_{s}_us": "float64" for s in (
+    "select", "indexer", "topk", "gather", "transform", "swap_in", "attention")}
 RESULT_FILE = "result.parquet"
 STEPS_FILE = "steps.parquet"
 
@@ -63,12 +67,7 @@ COLUMNS: Dict[str, str] = {
     "n_samples": "Int64",
     "launch_gap_us": "float64",
     # per-stage medians, microseconds (NaN where the backend has no such stage)
-    "stage_select_us": "float64",
-    "stage_indexer_us": "float64",
-    "stage_topk_us": "float64",
-    "stage_transform_us": "float64",
-    "stage_swap_in_us": "float64",
-    "stage_attention_us": "float64",
+    **STAGE_TIME_COLUMNS,
     "stage_plan_us": "float64",
     "plan_builds_per_step": "float64",
     # counts, summed over measured steps, layers and requests
@@ -126,12 +125,7 @@ STEP_COLUMNS: Dict[str, str] = {
     "pages_loaded": "Int64",
     "bytes_h2d": "Int64",
     "latency_us": "float64",
-    "stage_select_us": "float64",
-    "stage_indexer_us": "float64",
-    "stage_topk_us": "float64",
-    "stage_transform_us": "float64",
-    "stage_swap_in_us": "float64",
-    "stage_attention_us": "float64",
+    **STAGE_TIME_COLUMNS,
 }
 
 STATUSES = ("ok", "incorrect", "invalid", "oom", "unavailable", "error")

@@ -32,8 +32,8 @@ from harness.workload import Workload, lse_error, relative_error, synthetic_seq_
 
 log = logging.getLogger("harness")
 
-STAGES = ("select", "indexer", "topk", "transform", "swap_in", "attention")
-STEP_STAGES = ("select", "indexer", "topk", "transform", "swap_in", "attention")
+#: stage names; each has a ``stage_<name>_us`` column in both tables (harness.results)
+STAGES = STEP_STAGES = tuple(c[len("stage_"):-len("_us")] for c in results.STAGE_TIME_COLUMNS)
 COUNT_KEYS = ("hits", "misses", "tokens_loaded", "pages_loaded", "bytes_h2d")
 LSE_TOLERANCE = 0.05
 
@@ -263,6 +263,9 @@ def summarize(samples: List[Dict[str, float]], sums: Dict, wl: Workload, cfg, re
 
 def run_point(cfg, device: torch.device, job_dir: Path, repro: str, cfg_hash: str) -> List[Dict]:
     """Runs all backends of one point; writes result.parquet and steps.parquet atomically."""
+    if cfg.phase == "extend":  # its own workload (ragged prefill); imported after the device choice
+        from harness.extend import run_extend_point
+        return run_extend_point(cfg, device, job_dir, repro, cfg_hash)
     inputs = make_selection(cfg)
     model = ModelConfig(**OmegaConf.to_container(cfg.model, resolve=True))
     wl = Workload(model=model, device=device, kv_dtype=cfg.kv_dtype, page_size=cfg.page_size,

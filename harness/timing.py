@@ -128,6 +128,24 @@ class StageTimer:
         return out
 
 
+def capture_graph(fn: Callable[[], object]):
+    """Warms ``fn`` up on a side stream, then captures one call in a CUDA graph.
+
+    Returns ``(graph, outputs)``: ``graph.replay()`` re-runs the call, writing into ``outputs``
+    (the tensors the captured call returned). ``fn`` runs once during the warm-up, so it must not
+    mutate state that later calls depend on.
+    """
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = fn()
+    return graph, outputs
+
+
 class UntimedStages:
     """A ``StageTimer`` stand-in that just runs each stage (used while capturing a CUDA graph,
     where events cannot bracket the stages)."""

@@ -34,7 +34,8 @@ def synthetic_seq_lens(context_len: int, steps: int, batch_size: int) -> np.ndar
             + np.zeros((1, batch_size), dtype=np.int64)).astype(np.int32)
 
 
-def _generator(device: torch.device, *seed: int) -> torch.Generator:
+def seeded_generator(device: torch.device, *seed: int) -> torch.Generator:
+    """A torch generator on ``device`` seeded from the tuple ``seed`` (one stream per purpose)."""
     g = torch.Generator(device=device)
     g.manual_seed(int(np.random.SeedSequence(list(seed)).generate_state(1)[0]))
     return g
@@ -94,13 +95,13 @@ class Workload:
     def build(self) -> "Workload":
         """Allocates the block table and fills each layer's pool with seeded random KV."""
         m, dev = self.model, self.device
-        g = _generator(dev, self.seed, 1)
+        g = seeded_generator(dev, self.seed, 1)
         perm = torch.randperm(self.num_pages, generator=g, device=dev).to(torch.int32)
         used = self.batch_size * self.pages_per_request
         self.block_table = perm[:used].view(self.batch_size, self.pages_per_request).contiguous()
         pools = []
         for layer in range(self.num_layers):
-            gl = _generator(dev, self.seed, 2, layer)
+            gl = seeded_generator(dev, self.seed, 2, layer)
             kv = torch.randn(self.num_pages * self.page_size, m.d_qk, generator=gl, device=dev)
             kv = kv.to(torch.bfloat16)
             if self.kv_dtype == "fp8_ds_mla":
@@ -117,7 +118,7 @@ class Workload:
 
     def q(self, step: int, layer: int) -> torch.Tensor:
         """Seeded random query bf16 [batch, num_heads, d_qk] of (step, layer)."""
-        g = _generator(self.device, self.seed, 3, step, layer)
+        g = seeded_generator(self.device, self.seed, 3, step, layer)
         return torch.randn(self.batch_size, self.model.num_heads, self.model.d_qk, generator=g,
                            device=self.device).to(torch.bfloat16)
 

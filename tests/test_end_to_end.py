@@ -1,29 +1,20 @@
 """End to end on the CPU: a Hydra multirun into a temporary directory, results, report, resume."""
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from cli import run_harness
 from harness import results
 
-ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["context_len=200", "steps=3", "timing.warmup_steps=1", "num_layers=2", "batch_size=2"]
-
-
-def _harness(*args):
-    r = subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, capture_output=True,
-                       text=True, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return r
 
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     d = tmp_path_factory.mktemp("sweep")
-    _harness("-m", "page_size=16,64", "top_k=32,64", *SMALL, f"hydra.sweep.dir={d}")
+    run_harness("-m", "page_size=16,64", "top_k=32,64", *SMALL, f"hydra.sweep.dir={d}")
     return d
 
 
@@ -68,7 +59,7 @@ def test_report_written(sweep):
 
 def test_rerun_skips_done_points_and_keeps_results(sweep):
     before = {p: p.stat().st_mtime_ns for p in sweep.rglob(results.RESULT_FILE)}
-    r = _harness("-m", "page_size=16,64", "top_k=32,64", *SMALL, f"hydra.sweep.dir={sweep}")
+    r = run_harness("-m", "page_size=16,64", "top_k=32,64", *SMALL, f"hydra.sweep.dir={sweep}")
     assert "skip:" in r.stderr + r.stdout
     after = {p: p.stat().st_mtime_ns for p in sweep.rglob(results.RESULT_FILE)}
     assert before == after
@@ -76,11 +67,11 @@ def test_rerun_skips_done_points_and_keeps_results(sweep):
 
 def test_trace_record_and_replay(tmp_path):
     trace = tmp_path / "sel.npz"
-    _harness("backend=flashmla_sparse", "pattern=clustered", *SMALL, "top_k=32",
+    run_harness("backend=flashmla_sparse", "pattern=clustered", *SMALL, "top_k=32",
              f"selection.record={trace}", f"hydra.run.dir={tmp_path}/a", "report=false")
     with np.load(trace) as z:
         assert z["topk"].shape == (3, 2, 2, 32) and z["seq_lens"].shape == (3, 2)
-    _harness("backend=flashmla_sparse", "selection=trace", f"selection.path={trace}", "steps=3",
+    run_harness("backend=flashmla_sparse", "selection=trace", f"selection.path={trace}", "steps=3",
              "num_layers=2", "batch_size=2", "top_k=32", "timing.warmup_steps=1",
              f"hydra.run.dir={tmp_path}/b", "report=false")
     a = results.load(tmp_path / "a").iloc[0]

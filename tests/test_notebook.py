@@ -46,15 +46,11 @@ def test_notebook_executes(tmp_path, monkeypatch):
 
 def test_notebook_on_a_cpu_sweep(tmp_path, monkeypatch):
     """The notebook on results the harness itself produced (a tiny CPU sweep, both backends)."""
-    import subprocess
+    from cli import run_harness
     from harness import results
-    root = NOTEBOOK.parents[1]
     sweep = tmp_path / "cpu_sweep"
-    r = subprocess.run([sys.executable, "-m", "harness", "-m", "page_size=16,64", "top_k=32",
-                        "context_len=200", "steps=3", "timing.warmup_steps=1", "batch_size=2",
-                        "report=false", f"hydra.sweep.dir={sweep}"], cwd=root, capture_output=True,
-                       text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
+    run_harness("-m", "page_size=16,64", "top_k=32", "context_len=200", "steps=3",
+                "timing.warmup_steps=1", "batch_size=2", "report=false", f"hydra.sweep.dir={sweep}")
     n = len(results.load(sweep))
     assert n == 4
     monkeypatch.setenv("DSA_RUN_DIR", str(sweep))

@@ -1,32 +1,23 @@
 """Single-point runs through the CLI: the indexer selection path, and HiSparse counts on a
 replayed trace against the independent LRU model."""
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from cli import run_harness
 from harness import results
 from harness.lru_model import HotBufferModel
 from harness.selection import Trace
 
-ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["context_len=300", "steps=3", "timing.warmup_steps=1", "num_layers=2", "batch_size=2",
          "report=false"]
-
-
-def _harness(*args):
-    r = subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, capture_output=True,
-                       text=True, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return r
 
 
 @pytest.fixture(scope="module")
 def indexer_run(tmp_path_factory):
     d = tmp_path_factory.mktemp("idx")
-    _harness("selection=indexer", "top_k=32", *SMALL, f"selection.record={d}/sel.npz",
+    run_harness("selection=indexer", "top_k=32", *SMALL, f"selection.record={d}/sel.npz",
              f"hydra.run.dir={d}/run")
     return d
 
@@ -47,7 +38,7 @@ def test_indexer_selection_runs_both_backends(indexer_run):
 
 
 def test_unfused_indexer_path_uses_the_transform_stage(indexer_run, tmp_path):
-    _harness("selection=indexer", "selection.fuse_topk=false", "backend=flashmla_sparse", "top_k=32",
+    run_harness("selection=indexer", "selection.fuse_topk=false", "backend=flashmla_sparse", "top_k=32",
              *SMALL, f"hydra.run.dir={tmp_path}/run")
     un = results.load(tmp_path / "run").iloc[0]
     fu = results.load(indexer_run / "run").set_index("backend").loc["flashmla_sparse"]
@@ -58,7 +49,7 @@ def test_unfused_indexer_path_uses_the_transform_stage(indexer_run, tmp_path):
 def test_recorded_indexer_trace_replays_with_lru_model_counts(indexer_run, tmp_path):
     tr = Trace.load(indexer_run / "sel.npz")
     assert tr.topk.shape == (3, 2, 2, 32)
-    _harness("backend=hisparse", "selection=trace", f"selection.path={indexer_run}/sel.npz",
+    run_harness("backend=hisparse", "selection=trace", f"selection.path={indexer_run}/sel.npz",
              "top_k=32", "hisparse.device_buffer_size=48", *[a for a in SMALL if "context" not in a],
              f"hydra.run.dir={tmp_path}/run")
     st = results.load(tmp_path / "run", steps=True).sort_values(["step", "layer", "request"])

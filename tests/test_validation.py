@@ -1,15 +1,10 @@
 """Bad input stops before any kernel runs with one message naming the field and what is allowed."""
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
+from cli import run_harness
 from harness.selection import Trace
 from harness.validate import ConfigError, check_value
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("field,value,needle", [
@@ -34,9 +29,8 @@ def test_check_value_accepts_valid(field, value):
     check_value(field, value)
 
 
-def _run(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=300)
+def _run(*args):
+    return run_harness(*args, check=False)
 
 
 def test_cli_rejects_bad_page_size_without_running(tmp_path):

@@ -41,7 +41,7 @@ from backends.kernels.sparse_mla_decode import choose_num_splits, sparse_mla_dec
 from harness.kv_format import KV_DTYPES, make_kv_cache, row_bytes  # noqa: E402
 from harness.reference import (convert_req_index_to_global_index_ref,  # noqa: E402
                                sparse_mla_decode_ref)
-from harness.timing import time_fn  # noqa: E402
+from harness.timing import capture_graph, time_fn  # noqa: E402
 
 #: kernel variants: name -> keyword arguments of sparse_mla_decode
 VARIANTS: Dict[str, dict] = {
@@ -137,14 +137,7 @@ def run_case(pool: Pool, shape: str, b: int, h: int, top_k: int, d_qk: int, d_v:
     row.update(us=st.median_us, p10_us=st.p10_us, p90_us=st.p90_us)
     row["graph_us"] = float("nan")
     if use_graph and device.type == "cuda":
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            g_out, g_lse = fn()
+        graph, (g_out, g_lse) = capture_graph(fn)
         graph.replay()
         torch.cuda.synchronize()
         row["graph_matches"] = bool(torch.equal(g_out, out) and torch.equal(g_lse, lse))

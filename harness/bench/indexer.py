@@ -36,7 +36,7 @@ from backends.kernels.topk import plan_topk, topk_per_row  # noqa: E402
 from backends.kernels.topk_transform import TopkTransformMethod, topk_transform  # noqa: E402
 from harness.index_cache import IndexKeyCache  # noqa: E402
 from harness.indexer_ref import indexer_logits_paged_ref, paged_transform_ref  # noqa: E402
-from harness.timing import time_fn  # noqa: E402
+from harness.timing import capture_graph, time_fn  # noqa: E402
 
 
 def timed(fn, device: torch.device, args, repeats: int = 0) -> Dict[str, float]:
@@ -46,14 +46,7 @@ def timed(fn, device: torch.device, args, repeats: int = 0) -> Dict[str, float]:
     call = time_fn(fn, device, warmup=args.warmup, repeats=repeats)
     res = dict(call_us=call.median_us, call_p10_us=call.p10_us, call_p90_us=call.p90_us)
     if device.type == "cuda":
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
+        graph, _ = capture_graph(fn)
         st = time_fn(graph.replay, device, warmup=2, repeats=repeats)
         res.update(graph_us=st.median_us, graph_p10_us=st.p10_us, graph_p90_us=st.p90_us)
         del graph
