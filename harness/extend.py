@@ -81,16 +81,15 @@ import logging
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 import triton
-import triton.language as tl
 from omegaconf import OmegaConf
 
 from backends.base import BackendInvalid, BackendUnavailable
+from backends.kernels.ragged_gather import ragged_gather
 from harness import kv_format, results
 from harness.config import ModelConfig
 from harness.index_cache import IndexKeyCache, IndexKeyFormat
@@ -110,8 +109,6 @@ TOPK_SCORE_RTOL = 1e-4
 HISPARSE_INVALID = ("phase=extend: HiSparse is decode-only upstream (SGLang prefills with the KV "
                     "on the GPU and stages it to host afterwards; the swap-in coordinator serves "
                     "decode steps), so there is no HiSparse extend path to measure")
-#: result / step columns for the gather stage; written only once harness.results has them
-GATHER_COLUMN = "stage_gather_us"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -328,125 +325,6 @@ def pad_index_heads(q: torch.Tensor, w: torch.Tensor) -> Tuple[torch.Tensor, tor
 # ----------------------------------------------------------------------------------------------
 
 
-@triton.jit
-def _ragged_gather_kernel(
-        nope_ptr, stride_nope,                  # fp8: uint8 rows [S, RB]; bf16: bf16 rows [S, d_qk]
-        scale_ptr, stride_scale, scale_off,     # fp8: float32 view of the rows, scales at scale_off
-        rope_ptr, stride_rope, rope_off,        # bf16 view of the rows; rope values at rope_off
-        ik_ptr, iks_ptr, stride_ik_page, stride_iks_page,  # index-key pages: uint8 / float32 views
-        bt_ptr, stride_bt, len_ptr, cu_ptr,
-        out_ptr, stride_out, out_k_ptr, out_ks_ptr,
-        PAGE: tl.constexpr, D_V: tl.constexpr, D_V_PAD: tl.constexpr, G: tl.constexpr,
-        D_ROPE: tl.constexpr, D_ROPE_PAD: tl.constexpr, D_IDX: tl.constexpr,
-        IS_FP8: tl.constexpr, BLOCK_T: tl.constexpr):
-    """One program = one request x one tile of ``BLOCK_T`` of its tokens.
-
-    Token ``t`` of request ``r`` (``t < len[r]``) lives in slot ``bt[r, t // PAGE] * PAGE +
-    t % PAGE`` and goes to ragged row ``cu[r] + t``: its KV row dequantized to bf16
-    (``out[:, :D_V]`` NoPE/V, ``out[:, D_V:]`` rope) and its index key bytes + scale.
-    """
-    r = tl.program_id(0)
-    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
-    n = tl.load(len_ptr + r)
-    valid = t < n
-    page = tl.load(bt_ptr + r.to(tl.int64) * stride_bt + t // PAGE, mask=valid, other=0).to(tl.int64)
-    in_page = (t % PAGE).to(tl.int64)
-    slot = page * PAGE + in_page
-    dst = tl.load(cu_ptr + r).to(tl.int64) + t.to(tl.int64)
-
-    # ---- attention KV row -> bf16 ----
-    offs_v = tl.arange(0, D_V_PAD)
-    vmask = valid[:, None] & (offs_v[None, :] < D_V)
-    nope = tl.load(nope_ptr + slot[:, None] * stride_nope + offs_v[None, :], mask=vmask, other=0)
-    if IS_FP8:
-        offs_g = tl.arange(0, G)
-        sc = tl.load(scale_ptr + slot[:, None] * stride_scale + scale_off + offs_g[None, :],
-                     mask=valid[:, None] & (offs_g[None, :] < D_V // 128), other=0.0)
-        vals = nope.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        vals = tl.reshape(vals, [BLOCK_T, G, D_V_PAD // G]) * sc[:, :, None]
-        v = tl.reshape(vals, [BLOCK_T, D_V_PAD]).to(tl.bfloat16)
-    else:
-        v = nope
-    out_row = out_ptr + dst[:, None] * stride_out
-    tl.store(out_row + offs_v[None, :], v, mask=vmask)
-    offs_r = tl.arange(0, D_ROPE_PAD)
-    rmask = valid[:, None] & (offs_r[None, :] < D_ROPE)
-    rope = tl.load(rope_ptr + slot[:, None] * stride_rope + rope_off + offs_r[None, :], mask=rmask,
-                   other=0.0)
-    tl.store(out_row + D_V + offs_r[None, :], rope, mask=rmask)
-
-    # ---- index key: D_IDX fp8 bytes + one float32 scale per token ----
-    offs_d = tl.arange(0, D_IDX)
-    key = tl.load(ik_ptr + page[:, None] * stride_ik_page + in_page[:, None] * D_IDX + offs_d[None, :],
-                  mask=valid[:, None], other=0)
-    tl.store(out_k_ptr + dst[:, None] * D_IDX + offs_d[None, :], key, mask=valid[:, None])
-    ks = tl.load(iks_ptr + page * stride_iks_page + (PAGE * D_IDX) // 4 + in_page, mask=valid,
-                 other=0.0)
-    tl.store(out_ks_ptr + dst, ks, mask=valid)
-
-
-#: tokens per gather program
-GATHER_BLOCK_T = 16
-
-
-def ragged_gather(kv_rows: torch.Tensor, index_cache: torch.Tensor, block_table: torch.Tensor,
-                  lens: torch.Tensor, cu: torch.Tensor, out: torch.Tensor, out_keys: torch.Tensor,
-                  out_key_scales: torch.Tensor, *, page_size: int, d_nope: int, d_rope: int,
-                  max_len: int) -> torch.Tensor:
-    """Gathers requests' paged KV and index keys into contiguous ragged buffers (one Triton launch).
-
-    Args:
-        kv_rows: the layer's paged KV as flat rows: uint8 ``[S, row_bytes]`` ``fp8_ds_mla``
-            (dequantized here) or bf16 ``[S, d_nope + d_rope]``; ``S = num_pages * page_size``.
-        index_cache: fp8 index-key pages uint8 ``[num_pages, page_size * (D + 4)]``
-            (``IndexKeyCache.data``).
-        block_table: int32 ``[B, max_pages]``.
-        lens: int32 ``[B]`` tokens to gather per request; cu: int32 ``[B]`` first ragged row of
-            each request.
-        out: bf16 ``[N, d_nope + d_rope]``; out_keys: uint8 ``[N, D]``; out_key_scales: float32
-            ``[N]`` (all contiguous).
-        page_size, d_nope, d_rope: geometry; max_len: ``max(lens)`` (sizes the grid, no sync).
-    Returns:
-        ``out`` (row ``cu[r] + t`` = token ``t`` of request ``r`` as bf16; fp8 values are
-        ``fp8 * scale`` rounded to bf16); ``out_keys`` / ``out_key_scales`` filled alongside.
-    """
-    B = block_table.shape[0]
-    D = out_keys.shape[1]
-    if kv_rows.dtype == torch.uint8:
-        scales_start, rope_start, rb = kv_format.fp8_ds_mla_offsets(d_nope, d_rope)
-        if kv_rows.shape[1] != rb:
-            raise ValueError(f"fp8_ds_mla rows must be {rb} bytes, got {kv_rows.shape[1]}")
-        nope_t, stride_nope = kv_rows, kv_rows.stride(0)
-        scale_t, stride_scale, scale_off = kv_rows.view(torch.float32), kv_rows.stride(0) // 4, scales_start // 4
-        rope_t, stride_rope, rope_off = kv_rows.view(torch.bfloat16), kv_rows.stride(0) // 2, rope_start // 2
-        is_fp8 = True
-    elif kv_rows.dtype == torch.bfloat16 and kv_rows.shape[1] == d_nope + d_rope:
-        nope_t, stride_nope = kv_rows, kv_rows.stride(0)
-        scale_t, stride_scale, scale_off = kv_rows, 0, 0
-        rope_t, stride_rope, rope_off = kv_rows, kv_rows.stride(0), d_nope
-        is_fp8 = False
-    else:
-        raise ValueError(f"kv_rows must be fp8_ds_mla uint8 or bf16 [S, {d_nope + d_rope}] rows")
-    if index_cache.dtype != torch.uint8 or index_cache.shape[1] != page_size * (D + 4):
-        raise ValueError(f"index_cache must be fp8 pages uint8 [pages, {page_size * (D + 4)}]")
-    if D < 16 or D & (D - 1):
-        raise ValueError(f"index_dim must be a power of two >= 16, got {D}")
-    if not (out.is_contiguous() and out_keys.is_contiguous() and out_key_scales.is_contiguous()):
-        raise ValueError("out buffers must be contiguous")
-    if B == 0 or max_len == 0:
-        return out
-    d_v_pad = triton.next_power_of_2(d_nope)
-    _ragged_gather_kernel[(B, triton.cdiv(max_len, GATHER_BLOCK_T))](
-        nope_t, stride_nope, scale_t, stride_scale, scale_off, rope_t, stride_rope, rope_off,
-        index_cache, index_cache.view(torch.float32), index_cache.stride(0), index_cache.stride(0) // 4,
-        block_table, block_table.stride(0), lens, cu,
-        out, out.stride(0), out_keys, out_key_scales,
-        PAGE=page_size, D_V=d_nope, D_V_PAD=d_v_pad, G=max(1, d_v_pad // 128),
-        D_ROPE=d_rope, D_ROPE_PAD=max(16, triton.next_power_of_2(max(d_rope, 1))), D_IDX=D,
-        IS_FP8=is_fp8, BLOCK_T=GATHER_BLOCK_T, num_warps=4)
-    return out
-
-
 def ragged_gather_ref(ew: ExtendWorkload, layer: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Torch reference of the gather for ``layer``: ``(kv bf16 [N, d_qk], keys uint8 [N, D],
     key scales float32 [N])`` built request by request, position by position."""
@@ -635,35 +513,23 @@ def extend_base_row(cfg, device: torch.device, repro: str, cfg_hash: str) -> Dic
     return row
 
 
-def _known(row: Dict, columns: Dict[str, str]) -> Dict:
-    """Drops the gather column until ``harness.results`` declares it (see GATHER_COLUMN)."""
-    return row if GATHER_COLUMN in columns else {k: v for k, v in row.items() if k != GATHER_COLUMN}
-
-
 def summarize_extend(samples: List[Dict[str, float]], sums: Dict, ew: ExtendWorkload, cfg,
                      record: np.ndarray) -> Dict:
-    """``runner.summarize`` over the extend samples, plus the extend-specific columns.
-
-    The decode summary is applied with the query rows as its batch (``M``) and bf16 rows as the
-    row size (attention reads the ragged bf16 buffer), so ``bytes_hbm_read`` = per sample the
-    queries ``M*H*d_qk*2`` + index table ``M*top_k*4`` + each selected bf16 row once,
-    ``bytes_selected`` = ``tokens_selected * 2 * d_qk`` and ``flops`` = ``2*H*(valid entries of
-    record)*(d_qk + d_v)``. ``record``: int32 ``[steps, layers, M, top_k]`` selected positions
-    (-1 = none). ``stage_gather_us``: median gather.
-    """
+    """``runner.summarize`` with the query rows as its rows and bf16 rows as the row size
+    (attention reads the ragged bf16 buffer), so ``bytes_hbm_read`` = per sample the queries
+    ``M*H*d_qk*2`` + index table ``M*top_k*4`` + each selected bf16 row once, ``bytes_selected``
+    = ``tokens_selected * 2 * d_qk`` and ``flops`` = ``2*H*(valid entries of record)*(d_qk +
+    d_v)``. ``record``: int32 ``[steps, layers, M, top_k]`` selected positions (-1 = none)."""
     from harness.runner import summarize
-    from harness.timing import TimingStats
     m = ew.model
-    view = SimpleNamespace(batch_size=ew.num_rows, model=m, top_k=ew.top_k,
-                           row_bytes=kv_format.row_bytes("bf16", m.d_nope, m.d_rope))
-    row = summarize(samples, sums, view, cfg, record)
-    row[GATHER_COLUMN] = TimingStats.of([t["gather"] for t in samples]).median_us if samples else float("nan")
-    return row
+    return summarize(samples, sums, model=m, rows=ew.num_rows, top_k=ew.top_k,
+                     row_bytes=kv_format.row_bytes("bf16", m.d_nope, m.d_rope), record=record,
+                     warmup_steps=cfg.timing.warmup_steps)
 
 
 def run_extend_backend(cfg, ew: ExtendWorkload, device: torch.device) -> Tuple[Dict, List[Dict]]:
     """Runs every extend step and layer (``flashmla_sparse`` style). Returns (row, step_rows)."""
-    from harness.runner import LSE_TOLERANCE, STEP_STAGES
+    from harness.runner import STEP_STAGES, correctness
     from harness.timing import TimingStats
     name = "flashmla_sparse"
     if cfg.timing.cuda_graph:
@@ -713,13 +579,12 @@ def run_extend_backend(cfg, ew: ExtendWorkload, device: torch.device) -> Tuple[D
                 record[s, layer] = pos.cpu().numpy()
                 tok, pages = distinct_counts(record[s, layer], ew.page_size)
                 stages = {f"stage_{k}_us": v for k, v in t.items() if k in STEP_STAGES}
-                stages[GATHER_COLUMN] = t["gather"]
                 for r in range(ew.num_rows):
                     sr = {"backend": name, "step": s, "layer": layer, "request": r, "warmup": warm,
                           "seq_len": int(row_lens[r]), "tokens_selected": int(tok[r]),
                           "pages_touched": int(pages[r]), "tokens_loaded": 0, "pages_loaded": 0,
                           "bytes_h2d": 0, "latency_us": t["total"], **stages}
-                    step_rows.append(_known(sr, results.STEP_COLUMNS))
+                    step_rows.append(sr)
                 if not warm:
                     samples.append(t)
                     sums["tokens_selected"] += int(tok.sum())
@@ -734,17 +599,9 @@ def run_extend_backend(cfg, ew: ExtendWorkload, device: torch.device) -> Tuple[D
     row.update(summarize_extend(samples, sums, ew, cfg, record))
     row["stage_plan_us"] = TimingStats.of(step.plan_us).median_us
     row["plan_builds_per_step"] = float(np.mean(step.plan_builds))
-    row["max_rel_err"], row["max_lse_err"] = max_err, max_lse
-    bad = []
-    if not max_err <= cfg.timing.check_tolerance:
-        bad.append(f"max_rel_err={max_err:.3g} > tolerance {cfg.timing.check_tolerance}")
-    if not max_lse <= LSE_TOLERANCE:
-        bad.append(f"max_lse_err={max_lse:.3g} > {LSE_TOLERANCE}")
-    if topk_bad:
-        bad.append(f"top-k check: {topk_bad}")
-    row["status"] = "incorrect" if bad else "ok"
-    row["error"] = "; ".join(bad) if bad else None
-    return _known(row, results.COLUMNS), step_rows
+    row.update(correctness(max_err, max_lse, cfg.timing.check_tolerance,
+                           f"top-k check: {topk_bad}" if topk_bad else None))
+    return row, step_rows
 
 
 def run_extend_point(cfg, device: torch.device, job_dir: Path, repro: str, cfg_hash: str) -> List[Dict]:

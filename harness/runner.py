@@ -210,18 +210,23 @@ def run_backend(name: str, cfg, wl: Workload, topk_dev: torch.Tensor, device: to
     if selector is not None:
         row["stage_plan_us"] = TimingStats.of(selector.plan_us).median_us
         row["plan_builds_per_step"] = float(np.mean(selector.plan_builds))
-    row.update(summarize(samples, sums, wl, cfg, record))
-    row["max_rel_err"], row["max_lse_err"] = max_err, max_lse
-    bad = []
-    if bad_selections:
-        bad.append(f"indexer top-k differs from the reference scores in {bad_selections} row(s)")
-    if not max_err <= cfg.timing.check_tolerance:
-        bad.append(f"max_rel_err={max_err:.3g} > tolerance {cfg.timing.check_tolerance}")
+    row.update(summarize(samples, sums, model=wl.model, rows=wl.batch_size, top_k=wl.top_k,
+                         row_bytes=wl.row_bytes, record=record, warmup_steps=cfg.timing.warmup_steps))
+    row.update(correctness(max_err, max_lse, cfg.timing.check_tolerance,
+                           f"indexer top-k differs from the reference scores in {bad_selections} row(s)"
+                           if bad_selections else None))
+    return row, step_rows
+
+
+def correctness(max_err: float, max_lse: float, tolerance: float, selection_error: Optional[str]) -> Dict:
+    """``max_rel_err``, ``max_lse_err``, and ``status`` ok / incorrect with the reasons in ``error``."""
+    bad = [selection_error] if selection_error else []
+    if not max_err <= tolerance:
+        bad.append(f"max_rel_err={max_err:.3g} > tolerance {tolerance}")
     if not max_lse <= LSE_TOLERANCE:
         bad.append(f"max_lse_err={max_lse:.3g} > {LSE_TOLERANCE}")
-    row["status"] = "incorrect" if bad else "ok"
-    row["error"] = "; ".join(bad) if bad else None
-    return row, step_rows
+    return {"max_rel_err": max_err, "max_lse_err": max_lse,
+            "status": "incorrect" if bad else "ok", "error": "; ".join(bad) if bad else None}
 
 
 def index_key_bytes(wl: Workload) -> int:
@@ -230,8 +235,13 @@ def index_key_bytes(wl: Workload) -> int:
     return wl.num_layers * wl.batch_size * wl.max_positions * (wl.model.index_dim + 4)
 
 
-def summarize(samples: List[Dict[str, float]], sums: Dict, wl: Workload, cfg, record: np.ndarray) -> Dict:
-    """Latency statistics, per-stage medians, counts and derived rates of the measured steps."""
+def summarize(samples: List[Dict[str, float]], sums: Dict, *, model: ModelConfig, rows: int,
+              top_k: int, row_bytes: int, record: np.ndarray, warmup_steps: int) -> Dict:
+    """Latency statistics, per-stage medians, counts and derived rates of the measured steps.
+
+    ``rows``: query rows per sample (decode: the batch; extend: the query tokens); ``row_bytes``:
+    bytes attention reads per selected KV row; ``record`` int32 ``[steps, layers, rows, top_k]``
+    the positions served (-1 = none)."""
     lat = TimingStats.of([t["total"] for t in samples])
     row = {"latency_us_median": lat.median_us, "latency_us_p10": lat.p10_us,
            "latency_us_p90": lat.p90_us, "n_samples": lat.n,
@@ -240,15 +250,14 @@ def summarize(samples: List[Dict[str, float]], sums: Dict, wl: Workload, cfg, re
         vals = [t[st] for t in samples if st in t]
         row[f"stage_{st}_us"] = TimingStats.of(vals).median_us if vals else float("nan")
     row.update(sums)
-    m = wl.model
-    rb = wl.row_bytes
+    m, rb = model, row_bytes
     n = max(lat.n, 1)
     row["bytes_selected"] = sums["tokens_selected"] * rb
     # attention's minimum HBM reads: the queries, the index table and each selected row once
-    q_bytes = wl.batch_size * m.num_heads * m.d_qk * 2
-    idx_bytes = wl.batch_size * wl.top_k * 4
+    q_bytes = rows * m.num_heads * m.d_qk * 2
+    idx_bytes = rows * top_k * 4
     row["bytes_hbm_read"] = lat.n * (q_bytes + idx_bytes) + sums["tokens_selected"] * rb
-    valid_entries = int((record[cfg.timing.warmup_steps:] >= 0).sum())
+    valid_entries = int((record[warmup_steps:] >= 0).sum())
     row["flops"] = 2.0 * m.num_heads * valid_entries * (m.d_qk + m.d_v)
     sec = lat.median_us * 1e-6
     row["hbm_gbps"] = row["bytes_hbm_read"] / n / sec / 1e9 if sec > 0 else float("nan")
