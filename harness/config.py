@@ -55,6 +55,7 @@ class SelectionConfig:
     num_sinks: int = 64           # leading tokens of the prefix/mixed patterns
     window: int = 512             # trailing tokens of the mixed pattern
     fuse_topk: bool = True        # source=indexer: fused top-k + index transform
+    query_corr: float = 0.9       # source=indexer: correlation of a layer's index query between steps
 
 
 @dataclass

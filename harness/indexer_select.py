@@ -28,8 +28,11 @@ from harness.workload import Workload, seeded_generator
 
 
 class IndexerSelector:
-    def __init__(self, wl: Workload, fuse_topk: bool, key_format: str = "fp8"):
-        self.wl, self.fuse = wl, fuse_topk
+    def __init__(self, wl: Workload, fuse_topk: bool, query_corr: float = 0.0, key_format: str = "fp8"):
+        if not 0.0 <= query_corr <= 1.0:
+            raise ValueError(f"selection.query_corr must be in [0, 1], got {query_corr}")
+        self.wl, self.fuse, self.query_corr = wl, fuse_topk, float(query_corr)
+        self._prev_q: dict = {}
         m, dev = wl.model, wl.device
         self.caches: List[IndexKeyCache] = []
         slots = torch.arange(wl.num_pages * wl.page_size, device=dev)
@@ -62,11 +65,18 @@ class IndexerSelector:
         self.plan_builds.append(plan_build_count() - before)
 
     def inputs(self, step: int, layer: int):
+        """Index queries bf16 [B, index_heads, index_dim] (an AR(1) process over steps with
+        correlation ``query_corr``) and head weights float32 [B, index_heads] (fixed per layer)."""
         m, dev, b = self.wl.model, self.wl.device, self.wl.batch_size
         g = seeded_generator(dev, self.wl.seed, 5, step, layer)
-        q = torch.randn(b, m.index_heads, m.index_dim, generator=g, device=dev).to(torch.bfloat16)
-        w = torch.randn(b, m.index_heads, generator=g, device=dev) * m.index_heads ** -0.5
-        return q, w
+        noise = torch.randn(b, m.index_heads, m.index_dim, generator=g, device=dev)
+        prev = self._prev_q.get(layer) if step > 0 else None
+        rho = self.query_corr
+        q = noise if prev is None else rho * prev + (1.0 - rho * rho) ** 0.5 * noise
+        self._prev_q[layer] = q
+        gw = seeded_generator(dev, self.wl.seed, 6, layer)
+        w = torch.randn(b, m.index_heads, generator=gw, device=dev) * m.index_heads ** -0.5
+        return q.to(torch.bfloat16), w
 
     def select(self, step: int, layer: int, seq_lens: torch.Tensor, timer: StageTimer,
                want_slots: bool) -> torch.Tensor:

@@ -54,6 +54,7 @@ COLUMNS: Dict[str, str] = {
     "load_granularity": "string",
     "copy_engine": "string",
     "fuse_topk": "boolean",
+    "query_corr": "float64",
     "cold_l2": "boolean",
     "cuda_graph": "boolean",
     "device": "string",

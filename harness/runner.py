@@ -80,6 +80,7 @@ def base_row(cfg, wl: Optional[Workload], device: torch.device, repro: str, cfg_
     }
     if cfg.selection.source == "indexer":
         row["fuse_topk"] = cfg.selection.fuse_topk
+        row["query_corr"] = cfg.selection.query_corr
     row.update(ceilings_mod.measure(device).as_columns())
     row.update(env.provenance(str(device)))
     return row
@@ -143,7 +144,8 @@ def run_backend(name: str, cfg, wl: Workload, topk_dev: torch.Tensor, device: to
         be.close()
         return {**row, "status": "invalid", "error": reason}, []
     graphs = LayerGraphs(be) if cfg.timing.cuda_graph else None
-    selector = IndexerSelector(wl, cfg.selection.fuse_topk) if wl.topk is None else None
+    selector = (IndexerSelector(wl, cfg.selection.fuse_topk, cfg.selection.query_corr)
+                if wl.topk is None else None)
     fused_slots = selector is not None and be.accepts_slots and cfg.selection.fuse_topk
     record = np.full((wl.steps, wl.num_layers, wl.batch_size, wl.top_k), -1, dtype=np.int32)
     step_rows: List[Dict] = []

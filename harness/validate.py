@@ -40,7 +40,8 @@ def check_value(field: str, value) -> None:
         raise ConfigError(field, value, "must be an integer >= 1")
     if field == "pattern" and value not in PATTERNS:
         raise ConfigError(field, value, f"allowed: {', '.join(PATTERNS)}")
-    if field == "step_overlap" and not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
+    if field in ("step_overlap", "selection.query_corr") and not (
+            isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
         raise ConfigError(field, value, "must be a fraction in [0, 1]")
     if field == "backend" and value != "all" and value not in BACKENDS:
         raise ConfigError(field, value, f"allowed: {', '.join(sorted(BACKENDS))}, all")
@@ -63,7 +64,7 @@ def check_value(field: str, value) -> None:
 
 
 CHECKED_FIELDS = ("page_size", "top_k", "batch_size", "context_len", "steps", "num_layers",
-                  "pattern", "step_overlap", "backend", "kv_dtype", "device", "attention_kernel",
+                  "pattern", "step_overlap", "selection.query_corr", "backend", "kv_dtype", "device", "attention_kernel",
                   "selection.source", "hisparse.load_granularity", "hisparse.copy_engine",
                   "phase", "extend_len")
 

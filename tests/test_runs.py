@@ -65,3 +65,15 @@ def test_recorded_indexer_trace_replays_with_lru_model_counts(indexer_run, tmp_p
                 want = m.step(int(tr.seq_lens[s, b]), tr.topk[s, layer, b].tolist())
                 got = st[(st.step == s) & (st.layer == layer) & (st.request == b)].iloc[0]
                 assert (got.hits, got.misses, got.tokens_loaded) == (want.hits, want.misses, want.tokens_loaded)
+
+
+def test_index_query_correlation_drives_step_overlap(tmp_path):
+    """Correlated index queries make consecutive selections overlap, so HiSparse hits more."""
+    rates = {}
+    for rho in (0.0, 0.95):
+        run_harness("selection=indexer", f"selection.query_corr={rho}", "backend=hisparse", "top_k=32",
+                    *SMALL, f"hydra.run.dir={tmp_path}/{rho}")
+        row = results.load(tmp_path / str(rho)).iloc[0]
+        assert row["status"] == "ok" and row["query_corr"] == rho
+        rates[rho] = row["hit_rate"]
+    assert rates[0.95] > rates[0.0] + 0.2, rates
