@@ -93,7 +93,7 @@ from backends.kernels.ragged_gather import ragged_gather
 from harness import kv_format, results
 from harness.config import ModelConfig
 from harness.index_cache import IndexKeyCache, IndexKeyFormat
-from harness.reference import convert_req_index_to_global_index_ref, sparse_mla_decode_ref
+from harness.reference import convert_req_index_to_global_index_ref, sparse_mla_decode_on_slots_ref
 from harness.selection import distinct_counts
 from harness.timing import StageTimer
 from harness.validate import backends_of
@@ -430,13 +430,8 @@ def reference_attention(ew: ExtendWorkload, layer: int, q: torch.Tensor,
     """Reference (out float32 ``[M, H, d_v]``, lse float32 ``[M, H]``) over the logical paged KV
     rows of the selected positions (position -> physical slot through the block table)."""
     slots = convert_req_index_to_global_index_ref(ew.row_request, ew.block_table,
-                                                  pos.to(torch.int32), ew.page_size).long()
-    valid = slots >= 0
-    rows = ew.kv_flat(layer)[slots.clamp_min(0).view(-1)]
-    M, K = pos.shape
-    compact = torch.arange(M * K, device=ew.device, dtype=torch.int32).view(M, K)
-    compact = torch.where(valid, compact, torch.full_like(compact, -1))
-    return sparse_mla_decode_ref(q, rows, compact, ew.model.sm_scale, d_v=ew.model.d_v)
+                                                  pos.to(torch.int32), ew.page_size)
+    return sparse_mla_decode_on_slots_ref(q, ew.kv_flat(layer), slots, ew.model.sm_scale, d_v=ew.model.d_v)
 
 
 def reference_logits(ew: ExtendWorkload, layer: int, q_idx: torch.Tensor,

@@ -95,3 +95,18 @@ def sparse_mla_decode_ref(q: torch.Tensor, kv_cache: torch.Tensor, indices: torc
         out[s:e] = torch.einsum("bhk,bkd->bhd", p, k[..., :d_v]).float()
         lse[s:e] = torch.where(has, l, torch.full_like(l, math.inf)).float()
     return out, lse
+
+
+def sparse_mla_decode_on_slots_ref(q: torch.Tensor, kv_rows: torch.Tensor, slots: torch.Tensor,
+                                   sm_scale: float, d_v: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sparse_mla_decode_ref`` over a large pool, gathering only the selected rows first.
+
+    ``kv_rows`` flat ``[num_slots, row]`` (either format), ``slots`` int ``[B, K]`` (-1 = none).
+    The check then costs O(B * K) rows, not O(pool)."""
+    s = slots.long()
+    valid = s >= 0
+    rows = kv_rows[s.clamp_min(0).view(-1)]
+    b, k = s.shape
+    compact = torch.arange(b * k, device=s.device, dtype=torch.int32).view(b, k)
+    compact = torch.where(valid, compact, torch.full_like(compact, -1))
+    return sparse_mla_decode_ref(q, rows, compact, sm_scale, d_v=d_v)

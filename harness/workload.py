@@ -21,7 +21,7 @@ import torch
 
 from harness import kv_format
 from harness.config import ModelConfig
-from harness.reference import convert_req_index_to_global_index_ref, sparse_mla_decode_ref
+from harness.reference import convert_req_index_to_global_index_ref, sparse_mla_decode_on_slots_ref
 
 
 #: pools hold a multiple of this many rows
@@ -138,18 +138,10 @@ class Workload:
         return rows.contiguous().view(torch.uint8).view(n, self.row_bytes)
 
     def reference(self, layer: int, q: torch.Tensor, positions: torch.Tensor):
-        """Reference (out float32 [B, H, d_v], lse float32 [B, H]) over the selected positions.
-
-        Gathers only the selected rows (so the check costs O(B * K), not O(pool)) and runs the
-        plain-torch reference on them.
-        """
-        slots = self.global_slots_ref(positions).long()
-        valid = slots >= 0
-        rows = self.kv_flat(layer)[slots.clamp_min(0).view(-1)]
-        b, k = positions.shape
-        compact = torch.arange(b * k, device=self.device, dtype=torch.int32).view(b, k)
-        compact = torch.where(valid, compact, torch.full_like(compact, -1))
-        return sparse_mla_decode_ref(q, rows, compact, self.model.sm_scale, d_v=self.model.d_v)
+        """Reference (out float32 [B, H, d_v], lse float32 [B, H]) over the selected positions
+        of the logical KV (positions -> slots through the block table, torch reference)."""
+        return sparse_mla_decode_on_slots_ref(q, self.kv_flat(layer), self.global_slots_ref(positions),
+                                              self.model.sm_scale, d_v=self.model.d_v)
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
