@@ -18,6 +18,7 @@ import torch
 from backends.attention import resolve_attention
 from backends.base import Backend, BackendInvalid
 from backends.hisparse_coordinator import HiSparseCoordinator, validate_selection
+from harness.memory import fits, host_available_bytes
 from harness.timing import StageTimer
 from harness.workload import Workload
 
@@ -32,6 +33,10 @@ class HiSparseBackend(Backend):
         self.buffer_size = int(options["device_buffer_size"])
         self.granularity = str(options["load_granularity"])
         self.engine = str(options["copy_engine"])
+        host_need = wl.num_layers * wl.batch_size * wl.pages_per_request * wl.page_size * wl.row_bytes
+        if not fits(host_need, torch.device("cpu")):
+            raise MemoryError(f"the host KV pool needs {host_need / 2**30:.1f} GiB; "
+                              f"{host_available_bytes() / 2**30:.1f} GiB of host memory are available")
         try:
             self.coord = HiSparseCoordinator(
                 num_layers=wl.num_layers, max_requests=wl.batch_size, max_seq_len=wl.max_positions,

@@ -24,10 +24,11 @@ from backends.base import BackendInvalid, BackendUnavailable
 from harness import ceilings as ceilings_mod
 from harness import env, results
 from harness.config import ModelConfig
+from harness.memory import fits, free_bytes
 from harness.indexer_select import IndexerSelector, positions_of_slots
 from harness.selection import PatternParams, Trace, distinct_counts, synthesize
 from harness.timing import StageTimer, TimingStats, UntimedStages
-from harness.validate import backends_of, check_trace
+from harness.validate import ConfigError, backends_of, check_trace
 from harness.workload import Workload, lse_error, relative_error, synthetic_seq_lens
 
 log = logging.getLogger("harness")
@@ -44,11 +45,22 @@ class PointInputs:
     topk: Optional[np.ndarray]  # int32 [steps, layers, batch, top_k]; None: selection=indexer
 
 
-def make_selection(cfg) -> PointInputs:
+def load_trace(cfg) -> Trace:
+    """The trace of ``selection.path``, checked against the config (ConfigError otherwise)."""
+    path = cfg.selection.path
+    try:
+        tr = Trace.load(path)
+    except (OSError, ValueError, KeyError) as e:
+        raise ConfigError("selection.path", path, f"cannot read a trace there ({type(e).__name__}: {e}); "
+                          "expected an .npz with topk [steps, layers, batch, top_k] and seq_lens [steps, batch]")
+    check_trace(tr.topk, tr.seq_lens, cfg, path)
+    return tr
+
+
+def make_selection(cfg, trace: Optional[Trace] = None) -> PointInputs:
     """Synthetic selections, or a trace replayed (its sequence lengths replace context_len)."""
     if cfg.selection.source == "trace":
-        tr = Trace.load(cfg.selection.path)
-        check_trace(tr.topk, tr.seq_lens, cfg, cfg.selection.path)
+        tr = trace if trace is not None else load_trace(cfg)
         return PointInputs(tr.seq_lens.astype(np.int32), tr.topk.astype(np.int32))
     seq_lens = synthetic_seq_lens(cfg.context_len, cfg.steps, cfg.batch_size)
     if cfg.selection.source == "indexer":  # selected inside the measured step
@@ -272,25 +284,38 @@ def summarize(samples: List[Dict[str, float]], sums: Dict, *, model: ModelConfig
     return row
 
 
+def _all_oom(cfg, names, device, repro, cfg_hash, job_dir, reason: str) -> List[Dict]:
+    base = base_row(cfg, None, device, repro, cfg_hash)
+    rows = [{**base, **_failed(n, "oom", reason)} for n in names]
+    results.write_results(job_dir, rows)
+    log.info("oom: %s", reason)
+    return rows
+
+
 def run_point(cfg, device: torch.device, job_dir: Path, repro: str, cfg_hash: str) -> List[Dict]:
     """Runs all backends of one point; writes result.parquet and steps.parquet atomically."""
     if cfg.phase == "extend":  # its own workload (ragged prefill); imported after the device choice
         from harness.extend import run_extend_point
         return run_extend_point(cfg, device, job_dir, repro, cfg_hash)
-    inputs = make_selection(cfg)
     model = ModelConfig(**OmegaConf.to_container(cfg.model, resolve=True))
-    wl = Workload(model=model, device=device, kv_dtype=cfg.kv_dtype, page_size=cfg.page_size,
-                  seq_lens=inputs.seq_lens, topk=inputs.topk, top_k=cfg.top_k,
-                  num_layers=cfg.num_layers, seed=cfg.seed)
     names = backends_of(cfg)
+    trace = load_trace(cfg) if cfg.selection.source == "trace" else None
+    seq_lens = (trace.seq_lens if trace is not None
+                else synthetic_seq_lens(cfg.context_len, cfg.steps, cfg.batch_size))
+    wl = Workload(model=model, device=device, kv_dtype=cfg.kv_dtype, page_size=cfg.page_size,
+                  seq_lens=seq_lens.astype(np.int32), topk=None, top_k=cfg.top_k,
+                  num_layers=cfg.num_layers, seed=cfg.seed)
+    if not fits(wl.kv_pool_bytes, device):  # checked before any selection or allocation
+        return _all_oom(cfg, names, device, repro, cfg_hash, job_dir,
+                        f"the KV pool of the simulated layers needs {wl.kv_pool_bytes / 2**30:.1f} GiB; "
+                        f"{free_bytes(device) / 2**30:.1f} GiB are free on {device.type}")
+    inputs = make_selection(cfg, trace)
+    wl.topk = inputs.topk
     try:
         wl.build()
-    except torch.OutOfMemoryError as e:
-        base = base_row(cfg, None, device, repro, cfg_hash)
-        rows = [{**base, **_failed(n, "oom", f"KV pool ({wl.kv_pool_bytes / 2**30:.1f} GiB) does not fit: "
-                                          f"{str(e).splitlines()[0]}")} for n in names]
-        results.write_results(job_dir, rows)
-        return rows
+    except (torch.OutOfMemoryError, MemoryError) as e:
+        return _all_oom(cfg, names, device, repro, cfg_hash, job_dir,
+                        f"KV pool ({wl.kv_pool_bytes / 2**30:.1f} GiB) does not fit: {str(e).splitlines()[0]}")
     base = base_row(cfg, wl, device, repro, cfg_hash)
     topk_dev = torch.from_numpy(inputs.topk).to(device) if inputs.topk is not None else None
     rows, step_rows = [], []

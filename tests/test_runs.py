@@ -77,3 +77,13 @@ def test_index_query_correlation_drives_step_overlap(tmp_path):
         assert row["status"] == "ok" and row["query_corr"] == rho
         rates[rho] = row["hit_rate"]
     assert rates[0.95] > rates[0.0] + 0.2, rates
+
+
+def test_point_that_does_not_fit_is_oom_and_the_sweep_goes_on(tmp_path):
+    # 2e8 tokens of context: a KV pool far beyond this machine's memory, rejected before allocating
+    run_harness("-m", "context_len=200,200000000", "top_k=32", "backend=flashmla_sparse",
+                *[a for a in SMALL if "context" not in a], f"hydra.sweep.dir={tmp_path}")
+    df = results.load(tmp_path).set_index("context_len")
+    assert df.loc[200, "status"] == "ok"
+    big = df.loc[200000000]
+    assert big["status"] == "oom" and "GiB" in big["error"]

@@ -68,3 +68,10 @@ def test_cuda_graph_needs_a_gpu(tmp_path):
         pytest.skip("CPU-only check")
     r = _run("timing.cuda_graph=true", f"hydra.run.dir={tmp_path}/run")
     assert r.returncode == 2 and "timing.cuda_graph=True" in r.stderr and "device=cuda" in r.stderr
+
+
+def test_unreadable_trace(tmp_path):
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"not a trace")
+    r = _run("selection=trace", f"selection.path={bad}", f"hydra.run.dir={tmp_path}/run")
+    assert r.returncode == 2 and "selection.path=" in r.stderr and "cannot read a trace" in r.stderr
