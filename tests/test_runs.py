@@ -87,3 +87,19 @@ def test_point_that_does_not_fit_is_oom_and_the_sweep_goes_on(tmp_path):
     assert df.loc[200, "status"] == "ok"
     big = df.loc[200000000]
     assert big["status"] == "oom" and "GiB" in big["error"]
+
+
+def test_page_granularity_through_the_cli(tmp_path):
+    common = ["backend=hisparse", "hisparse.load_granularity=page", "page_size=16", "top_k=32",
+              *[a for a in SMALL if "context" not in a], "context_len=600"]
+    # random top-32 over 600 tokens touches ~20 pages of 16: more than a 4-page buffer holds
+    run_harness(*common, "hisparse.device_buffer_size=64", f"hydra.run.dir={tmp_path}/small")
+    small = results.load(tmp_path / "small").iloc[0]
+    assert small["status"] == "invalid" and "capacity 4" in small["error"] and "needs" in small["error"]
+    run_harness(*common, "hisparse.device_buffer_size=512", "pattern=clustered", "step_overlap=0.5",
+                f"hydra.run.dir={tmp_path}/ok")
+    ok = results.load(tmp_path / "ok").iloc[0]
+    assert ok["status"] == "ok" and ok["load_granularity"] == "page"
+    assert ok["misses"] > 0 and ok["pages_loaded"] == ok["misses"]
+    assert ok["tokens_loaded"] == 16 * ok["pages_loaded"]
+    assert ok["bytes_h2d"] == ok["tokens_loaded"] * ok["kv_row_bytes"]
