@@ -67,6 +67,9 @@ COLUMNS: Dict[str, str] = {
     "latency_us_p90": "float64",
     "n_samples": "Int64",
     "launch_gap_us": "float64",
+    "sm_clock_mhz_min": "float64",
+    "sm_clock_mhz_max": "float64",
+    "throttled": "boolean",
     # per-stage medians, microseconds (NaN where the backend has no such stage)
     **STAGE_TIME_COLUMNS,
     "stage_plan_us": "float64",

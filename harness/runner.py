@@ -24,6 +24,7 @@ from backends.base import BackendInvalid, BackendUnavailable
 from harness import ceilings as ceilings_mod
 from harness import env, results
 from harness.config import ModelConfig
+from harness.clocks import ClockMonitor
 from harness.memory import fits, free_bytes
 from harness.indexer_select import IndexerSelector, positions_of_slots
 from harness.selection import PatternParams, Trace, distinct_counts, synthesize
@@ -165,6 +166,7 @@ def run_backend(name: str, cfg, wl: Workload, topk_dev: torch.Tensor, device: to
     max_err, max_lse, bad_selections = 0.0, 0.0, 0
     sums = {k: 0 for k in ("tokens_selected", "pages_touched", *COUNT_KEYS)}
     timer = StageTimer(device, cold_l2=cfg.timing.cold_l2, launch_shield_us=cfg.timing.launch_shield_us)
+    clocks = ClockMonitor(device)
     try:
         be.prefill()
         for s in range(wl.steps):
@@ -207,6 +209,7 @@ def run_backend(name: str, cfg, wl: Workload, topk_dev: torch.Tensor, device: to
                     r.update({k: int(v[b]) for k, v in counts.items()})
                     step_rows.append(r)
                 if not warm:
+                    clocks.sample()
                     samples.append(t)
                     sums["tokens_selected"] += int(tok.sum())
                     sums["pages_touched"] += int(pages.sum())
@@ -221,6 +224,10 @@ def run_backend(name: str, cfg, wl: Workload, topk_dev: torch.Tensor, device: to
         row["host_bytes"] = be.host_bytes()
         be.close()
     row["_record"] = record
+    row.update(clocks.columns())
+    if row["throttled"]:
+        log.warning("%s: SM clock fell to %.0f MHz during the measured steps (max %.0f): throttled",
+                    name, row["sm_clock_mhz_min"], clocks.max_mhz)
     if selector is not None:
         row["stage_plan_us"] = TimingStats.of(selector.plan_us).median_us
         row["plan_builds_per_step"] = float(np.mean(selector.plan_builds))
