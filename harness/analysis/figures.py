@@ -177,6 +177,30 @@ def ratio_heatmaps(trade: Optional[pd.DataFrame], roles: AxisRoles) -> FigureSet
     return fs
 
 
+# --------------------------------------------------------------------------- per-page panels
+
+def _page_panels(fs: FigureSet, ok: pd.DataFrame, roles: AxisRoles, panel: tuple):
+    """One figure per combination of the cell axes other than page_size / top_k, one panel per
+    page size. Yields ``(vals, sub, fig, axes, pages, labels)``; ``labels`` are the series of
+    the figure, sorted."""
+    other = [c for c in roles.cell if c not in ("page_size", "top_k")]
+    for vals, sub in _cap(fs, _split(ok, other)):
+        pages = _split(sub, ["page_size"])
+        nr, nc = _grid(len(pages))
+        fig = Figure(figsize=(panel[0] * nc, panel[1] * nr), layout="constrained")
+        axes = fig.subplots(nr, nc, squeeze=False).ravel()
+        labels = sorted({_series_label(r, roles) for r in sub.to_dict("records")})
+        yield vals, sub, fig, axes, pages, labels
+
+
+def _finish(fs: FigureSet, fig, axes, pages, vals, stem: str, title: str) -> None:
+    """Hides unused panels, titles the figure and adds it to ``fs``."""
+    for ax in axes[len(pages):]:
+        ax.set_visible(False)
+    fig.suptitle(title + (f"\n{_label(vals)}" if vals else ""))
+    fs.figures.append((f"{stem}{'__' + _slug(vals) if vals else ''}", fig))
+
+
 # --------------------------------------------------------------------------- latency vs top-k
 
 def latency_vs_topk(pb: pd.DataFrame, roles: AxisRoles) -> FigureSet:
@@ -190,13 +214,7 @@ def latency_vs_topk(pb: pd.DataFrame, roles: AxisRoles) -> FigureSet:
     if len({_py(v) for v in ok["top_k"]}) < 2:
         fs.note = "needs at least two top_k values"
         return fs
-    other = [c for c in roles.cell if c not in ("page_size", "top_k")]
-    for vals, sub in _cap(fs, _split(ok, other)):
-        pages = _split(sub, ["page_size"])
-        nr, nc = _grid(len(pages))
-        fig = Figure(figsize=(5.0 * nc, 3.8 * nr), layout="constrained")
-        axes = fig.subplots(nr, nc, squeeze=False).ravel()
-        names = sorted({_series_label(r, roles) for r in sub.to_dict("records")})
+    for vals, sub, fig, axes, pages, names in _page_panels(fs, ok, roles, (5.0, 3.8)):
         for ax, (pv, ps) in zip(axes, pages):
             series: Dict[str, list] = {}
             for rec in ps.to_dict("records"):
@@ -219,10 +237,7 @@ def latency_vs_topk(pb: pd.DataFrame, roles: AxisRoles) -> FigureSet:
             ax.set_title(_label(pv) if pv else f"page_size={_py(ps['page_size'].iloc[0])}")
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=7, title="median, band p10-p90", title_fontsize=7)
-        for ax in axes[len(pages):]:
-            ax.set_visible(False)
-        fig.suptitle("Latency vs top-k" + (f"\n{_label(vals)}" if vals else ""))
-        fs.figures.append((f"latency_vs_topk{'__' + _slug(vals) if vals else ''}", fig))
+        _finish(fs, fig, axes, pages, vals, "latency_vs_topk", "Latency vs top-k")
     return fs
 
 
@@ -294,13 +309,7 @@ def stage_breakdown(pb: pd.DataFrame, roles: AxisRoles) -> FigureSet:
     if ok.empty or not cols or not np.isfinite(ok[cols].astype(float).to_numpy()).any():
         fs.note = "no ok rows with per-stage times"
         return fs
-    other = [c for c in roles.cell if c not in ("page_size", "top_k")]
-    for vals, sub in _cap(fs, _split(ok, other)):
-        pages = _split(sub, ["page_size"])
-        nr, nc = _grid(len(pages))
-        fig = Figure(figsize=(5.5 * nc, 4.0 * nr), layout="constrained")
-        axes = fig.subplots(nr, nc, squeeze=False).ravel()
-        labels = sorted({_series_label(r, roles) for r in sub.to_dict("records")})
+    for vals, sub, fig, axes, pages, labels in _page_panels(fs, ok, roles, (5.5, 4.0)):
         for ax, (pv, ps) in zip(axes, pages):
             ks = sorted({_py(v) for v in ps["top_k"]}, key=lambda v: _sort_key([v]))
             width = 0.8 / max(1, len(labels))
@@ -328,10 +337,7 @@ def stage_breakdown(pb: pd.DataFrame, roles: AxisRoles) -> FigureSet:
                                   label=name) for i, name in enumerate(labels)],
                    loc="outside lower center", ncols=min(3, len(labels)), fontsize=7,
                    title="bar (left to right within a top-k)", title_fontsize=7)
-        for ax in axes[len(pages):]:
-            ax.set_visible(False)
-        fig.suptitle("Per-stage breakdown" + (f"\n{_label(vals)}" if vals else ""))
-        fs.figures.append((f"stage_breakdown{'__' + _slug(vals) if vals else ''}", fig))
+        _finish(fs, fig, axes, pages, vals, "stage_breakdown", "Per-stage breakdown")
     return fs
 
 
