@@ -1,0 +1,73 @@
+"""The harness end to end on the GPU at dsv32 size (marked ``gpu``; skipped without CUDA): both
+backends, the CUDA-graph mode, indexer selections, page granularity and the extend phase."""
+import math
+
+import pytest
+
+from cli import run_harness
+from harness import results
+
+pytestmark = pytest.mark.gpu
+SMALL = ["steps=3", "timing.warmup_steps=1", "num_layers=2", "batch_size=8", "context_len=8192",
+         "report=false"]
+
+
+def _row(path, backend):
+    df = results.load(path).set_index("backend")
+    return df.loc[backend]
+
+
+def test_both_backends_dsv32(tmp_path):
+    run_harness("top_k=2048", "page_size=64", *SMALL, f"hydra.run.dir={tmp_path}")
+    df = results.load(tmp_path).set_index("backend")
+    assert (df["status"] == "ok").all(), df["error"]
+    assert (df["model"] == "dsv32").all() and (df["device"] == "cuda").all()
+    assert (df["ceiling_hbm_gbps"] > 1000).all() and (df["ceiling_bf16_tflops"] > 100).all()
+    assert (df["launch_gap_us"] < 20).all()          # the launch shield hid host overhead
+    assert df.loc["hisparse", "bytes_h2d"] > 0 and df.loc["flashmla_sparse", "bytes_h2d"] == 0
+    assert df.loc["flashmla_sparse", "max_rel_err"] == pytest.approx(df.loc["hisparse", "max_rel_err"], rel=1e-6)
+
+
+def test_cuda_graph_mode(tmp_path):
+    run_harness("top_k=2048", "timing.cuda_graph=true", *SMALL, f"hydra.run.dir={tmp_path}")
+    df = results.load(tmp_path).set_index("backend")
+    assert (df["status"] == "ok").all(), df["error"]
+    assert (df["latency_us_median"] > 0).all()
+    assert math.isnan(df.loc["flashmla_sparse", "stage_attention_us"])  # only the total in a graph
+
+
+def test_memcpy_engine_is_not_graph_capturable(tmp_path):
+    run_harness("backend=hisparse", "top_k=512", "hisparse.copy_engine=memcpy", "timing.cuda_graph=true",
+                *SMALL, f"hydra.run.dir={tmp_path}")
+    row = _row(tmp_path, "hisparse")
+    assert row["status"] == "invalid" and "copy_engine=memcpy" in row["error"]
+
+
+def test_indexer_selection(tmp_path):
+    run_harness("selection=indexer", "top_k=2048", *SMALL, f"hydra.run.dir={tmp_path}")
+    df = results.load(tmp_path).set_index("backend")
+    assert (df["status"] == "ok").all(), df["error"]
+    assert (df["plan_builds_per_step"] == 1.0).all() and (df["stage_indexer_us"] > 0).all()
+
+
+def test_page_granularity(tmp_path):
+    run_harness("backend=hisparse", "hisparse.load_granularity=page", "pattern=clustered", "page_size=16",
+                "top_k=512", "hisparse.device_buffer_size=8192", *SMALL, f"hydra.run.dir={tmp_path}")
+    row = _row(tmp_path, "hisparse")
+    assert row["status"] == "ok", row["error"]
+    assert row["tokens_loaded"] == 16 * row["pages_loaded"]
+
+
+def test_extend_phase(tmp_path):
+    run_harness("phase=extend", "backend=flashmla_sparse", "extend_len=32", "top_k=2048",
+                *[a for a in SMALL if not a.startswith("batch")], "batch_size=4", f"hydra.run.dir={tmp_path}")
+    row = _row(tmp_path, "flashmla_sparse")
+    assert row["status"] == "ok", row["error"]
+    assert row["stage_gather_us"] > 0 and row["phase"] == "extend"
+
+
+def test_flashmla_attention_kernel(tmp_path):
+    run_harness("attention_kernel=flashmla", "top_k=2048", *SMALL, f"hydra.run.dir={tmp_path}")
+    df = results.load(tmp_path).set_index("backend")
+    ok_or_unavailable = df["status"].isin(["ok", "unavailable"])
+    assert ok_or_unavailable.all(), df["error"]
