@@ -181,7 +181,12 @@ def _md_failures(a: Analysis) -> List[str]:
 
 def _md_claims(a: Analysis) -> List[str]:
     c = cl.claims_frame(a.claims)
-    return ["## The seed article's claims", "",
+    caveat = []
+    if "device" in a.df and (a.df["device"] == "cpu").any():
+        caveat = ["> The timing verdicts below come from CPU (Triton interpreter) rows: they exercise "
+                  "the check, they are not evidence about GPU performance. Page counts (claim c) "
+                  "do not depend on the device.", ""]
+    return ["## The seed article's claims", "", *caveat,
             f"A cell favours a backend when the latency ratio is beyond 1 +- {cl.DEFAULT_TOL:.0%}; "
             "only cells with both backends ok count.", "",
             tb.to_markdown(c, ["key", "claim", "verdict", "detail", "evidence"]), ""]
