@@ -31,42 +31,38 @@ def _is_pow2(x: int) -> bool:
     return isinstance(x, (int, np.integer)) and x >= 1 and (x & (x - 1)) == 0
 
 
+#: fields whose value must be one of a fixed set (the message lists them)
+CHOICES = {
+    "pattern": PATTERNS,
+    "backend": tuple(sorted(BACKENDS)) + ("all",),
+    "kv_dtype": KV_DTYPES,
+    "device": DEVICES,
+    "attention_kernel": ATTENTION_KERNELS,
+    "selection.source": SOURCES,
+    "hisparse.load_granularity": GRANULARITIES,
+    "hisparse.copy_engine": COPY_ENGINES,
+    "phase": PHASES,
+}
+#: fields that must be integers >= 1
+POSITIVE_INTS = ("top_k", "batch_size", "context_len", "steps", "num_layers", "extend_len")
+#: fields that must be fractions in [0, 1]
+FRACTIONS = ("step_overlap", "selection.query_corr")
+
+
 def check_value(field: str, value) -> None:
     """Checks one top-level axis value on its own (used per value of a sweep, up front)."""
     if field == "page_size" and not _is_pow2(value):
         raise ConfigError(field, value, "must be a power of two (1, 2, 4, ..., 256, ...)")
-    if field in ("top_k", "batch_size", "context_len", "steps", "num_layers") and not (
-            isinstance(value, (int, np.integer)) and value >= 1):
+    if field in POSITIVE_INTS and not (isinstance(value, (int, np.integer)) and value >= 1):
         raise ConfigError(field, value, "must be an integer >= 1")
-    if field == "pattern" and value not in PATTERNS:
-        raise ConfigError(field, value, f"allowed: {', '.join(PATTERNS)}")
-    if field in ("step_overlap", "selection.query_corr") and not (
-            isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
+    if field in FRACTIONS and not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
         raise ConfigError(field, value, "must be a fraction in [0, 1]")
-    if field == "backend" and value != "all" and value not in BACKENDS:
-        raise ConfigError(field, value, f"allowed: {', '.join(sorted(BACKENDS))}, all")
-    if field == "kv_dtype" and value not in KV_DTYPES:
-        raise ConfigError(field, value, f"allowed: {', '.join(KV_DTYPES)}")
-    if field == "device" and value not in DEVICES:
-        raise ConfigError(field, value, f"allowed: {', '.join(DEVICES)}")
-    if field == "attention_kernel" and value not in ATTENTION_KERNELS:
-        raise ConfigError(field, value, f"allowed: {', '.join(ATTENTION_KERNELS)}")
-    if field == "selection.source" and value not in SOURCES:
-        raise ConfigError("selection", value, f"allowed: {', '.join(SOURCES)}")
-    if field == "hisparse.load_granularity" and value not in GRANULARITIES:
-        raise ConfigError(field, value, f"allowed: {', '.join(GRANULARITIES)}")
-    if field == "hisparse.copy_engine" and value not in COPY_ENGINES:
-        raise ConfigError(field, value, f"allowed: {', '.join(COPY_ENGINES)}")
-    if field == "phase" and value not in PHASES:
-        raise ConfigError(field, value, f"allowed: {', '.join(PHASES)}")
-    if field == "extend_len" and not (isinstance(value, (int, np.integer)) and value >= 1):
-        raise ConfigError(field, value, "must be an integer >= 1")
+    if field in CHOICES and value not in CHOICES[field]:
+        name = "selection" if field == "selection.source" else field
+        raise ConfigError(name, value, f"allowed: {', '.join(CHOICES[field])}")
 
 
-CHECKED_FIELDS = ("page_size", "top_k", "batch_size", "context_len", "steps", "num_layers",
-                  "pattern", "step_overlap", "selection.query_corr", "backend", "kv_dtype", "device", "attention_kernel",
-                  "selection.source", "hisparse.load_granularity", "hisparse.copy_engine",
-                  "phase", "extend_len")
+CHECKED_FIELDS = ("page_size", *POSITIVE_INTS, *FRACTIONS, *CHOICES)
 
 
 def backends_of(cfg) -> list:
