@@ -4,6 +4,9 @@ positions into loads of the missing KV (swap-in, per token as upstream or per pa
 attention a table of device slots. Attention is the same kernel as the vLLM-style backend.
 
 Stages: ``swap_in`` (hit/miss resolution + host -> device copy), ``attention``.
+``coordinator=sglang`` runs the swap-in stage through SGLang's own kernel
+(``backends/kernels/sglang_peer.py``) on the same pools instead of ours: token mode, and the
+kernel's own zero-copy loads (our ``uva_kernel`` mechanism) only.
 Set-up (outside timing): the host pool is filled with the workload's logical KV, the hot
 buffers are initialised as after prefill, and each step's newest token is written to the
 reserved slot (the KV write both designs do).
@@ -16,11 +19,27 @@ import numpy as np
 import torch
 
 from backends.attention import resolve_attention
-from backends.base import Backend, BackendInvalid
+from backends.base import Backend, BackendInvalid, BackendUnavailable
 from backends.hisparse_coordinator import HiSparseCoordinator, validate_selection
 from harness.memory import fits, host_available_bytes
 from harness.timing import StageTimer
 from harness.workload import Workload
+
+COUNT_KEYS = ("hits", "misses", "tokens_loaded", "pages_loaded", "bytes_h2d")
+
+
+def make_sglang_peer(coord: HiSparseCoordinator):
+    """SGLang's swap-in kernel over ``coord``'s pools (built from the staged sglang sources
+    when needed). Raises BackendUnavailable (no GPU, not built and no nvcc) or BackendInvalid
+    (a configuration upstream's kernel does not support)."""
+    from backends.kernels.flashmla_peer import PeerUnavailable, PeerUnsupported
+    from backends.kernels.sglang_peer import SGLangHiSparsePeer
+    try:
+        return SGLangHiSparsePeer(coord)
+    except PeerUnsupported as e:
+        raise BackendInvalid(f"coordinator=sglang: {e}") from e
+    except PeerUnavailable as e:
+        raise BackendUnavailable(f"coordinator=sglang: {e}") from e
 
 
 class HiSparseBackend(Backend):
@@ -33,6 +52,12 @@ class HiSparseBackend(Backend):
         self.buffer_size = int(options["device_buffer_size"])
         self.granularity = str(options["load_granularity"])
         self.engine = str(options["copy_engine"])
+        self.coordinator = str(options.get("coordinator", "triton"))
+        if self.coordinator == "sglang" and (self.granularity != "token" or self.engine != "uva_kernel"):
+            raise BackendInvalid(
+                "coordinator=sglang runs SGLang's swap-in kernel, which loads tokens (not pages) with "
+                "its own zero-copy reads: it needs hisparse.load_granularity=token and "
+                f"hisparse.copy_engine=uva_kernel (got {self.granularity}, {self.engine})")
         host_need = wl.num_layers * wl.batch_size * wl.pages_per_request * wl.page_size * wl.row_bytes
         if not fits(host_need, torch.device("cpu")):
             raise MemoryError(f"the host KV pool needs {host_need / 2**30:.1f} GiB; "
@@ -51,6 +76,8 @@ class HiSparseBackend(Backend):
             for req in range(wl.batch_size):
                 self.coord.load_host_kv(layer, req, wl.rows_by_position(layer, req, wl.max_positions))
         self.req_idx = wl.request_ids()
+        self.peer = make_sglang_peer(self.coord) if self.coordinator == "sglang" else None
+        self._peer_counts: Dict[int, Dict[str, torch.Tensor]] = {}
         m = wl.model
         self.attention = resolve_attention(str(options.get("attention_kernel", "triton")), wl.device,
                                            m.num_heads, m.d_qk, m.d_v, self._kv(0))
@@ -76,28 +103,43 @@ class HiSparseBackend(Backend):
 
     def prefill(self) -> None:
         prompt = (self.wl.seq_lens[0] - 1).astype(np.int64)
-        self.coord.prefill(np.arange(self.wl.batch_size), prompt)
+        reqs = np.arange(self.wl.batch_size)
+        self.coord.prefill(reqs, prompt)
+        if self.peer is not None:
+            self.peer.prefill(reqs)
 
     def begin_step(self, step: int) -> None:
-        self.coord.begin_step(np.arange(self.wl.batch_size), self.wl.seq_lens[step].astype(np.int64))
+        reqs, seq = np.arange(self.wl.batch_size), self.wl.seq_lens[step].astype(np.int64)
+        self.coord.begin_step(reqs, seq)
+        if self.peer is not None:
+            self.peer.begin_step(reqs, seq)
+
+    def _swap_in(self, seq_lens: torch.Tensor, positions: torch.Tensor, layer: int) -> torch.Tensor:
+        if self.peer is None:
+            return self.coord.swap_in_selected_pages(self.req_idx, seq_lens, positions, layer)
+        slots = self.peer.swap_in(self.req_idx, seq_lens, positions, layer)
+        self._peer_counts[layer] = self.peer.last_counts()   # per layer: graphs replay them
+        return slots
 
     def decode_layer(self, step: int, layer: int, q: torch.Tensor, positions: Optional[torch.Tensor],
                      seq_lens: torch.Tensor, timer: StageTimer,
                      slots: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         """Takes logical positions (HiSparse always runs the unfused top-k, as upstream)."""
-        slots = timer.run("swap_in", lambda: self.coord.swap_in_selected_pages(
-            self.req_idx, seq_lens, positions, layer))
+        slots = timer.run("swap_in", lambda: self._swap_in(seq_lens, positions, layer))
         kv = self._kv(layer)
         return timer.run("attention", lambda: self.attention(q, kv, slots, self.wl.model.sm_scale,
                                                              d_v=self.wl.model.d_v))
 
     def layer_counts(self, layer: int) -> Dict[str, np.ndarray]:
+        if self.peer is not None:
+            c = {k: v.cpu().numpy().astype(np.int64) for k, v in self._peer_counts[layer].items()}
+            return {"pages_loaded": np.zeros_like(c["misses"]), **c}
         c = {k: v.cpu().numpy().astype(np.int64) for k, v in self.coord.layer_counts(layer).items()}
         if c["overflow"].any():  # selections not known up front (indexer) can still overflow
             b = int(np.argmax(c["pages_needed"]))
             raise BackendInvalid(f"layer {layer}: page-mode overflow: batch row {b} needs "
                                  f"{int(c['pages_needed'][b])} pages, capacity {self.coord.page_capacity}")
-        return {k: c[k] for k in ("hits", "misses", "tokens_loaded", "pages_loaded", "bytes_h2d")}
+        return {k: c[k] for k in COUNT_KEYS}
 
     def graph_capturable(self) -> str:
         if self.engine != "uva_kernel":
@@ -113,7 +155,8 @@ class HiSparseBackend(Backend):
 
     def row_extras(self) -> Dict[str, object]:
         return {"device_buffer_size": self.buffer_size, "load_granularity": self.granularity,
-                "copy_engine": self.engine}
+                "copy_engine": self.engine, "coordinator": self.coordinator}
 
     def close(self) -> None:
+        self.peer = None
         del self.coord

@@ -72,6 +72,7 @@ class HiSparseConfig:
     device_buffer_size: Optional[int] = None  # hot-buffer slots per (layer, request); None -> 2 * top_k
     load_granularity: str = "token"            # token | page
     copy_engine: str = "uva_kernel"            # uva_kernel | memcpy | staged
+    coordinator: str = "triton"                # triton (ours) | sglang (upstream swap-in kernel)
 
 
 @dataclass

@@ -53,6 +53,7 @@ COLUMNS: Dict[str, str] = {
     "device_buffer_size": "Int64",
     "load_granularity": "string",
     "copy_engine": "string",
+    "coordinator": "string",
     "fuse_topk": "boolean",
     "query_corr": "float64",
     "cold_l2": "boolean",

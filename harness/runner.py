@@ -104,12 +104,14 @@ def backend_options(cfg, name: str) -> Dict[str, object]:
     if name == "hisparse":
         h = cfg.hisparse
         opts.update(device_buffer_size=h.device_buffer_size if h.device_buffer_size is not None else 2 * cfg.top_k,
-                    load_granularity=h.load_granularity, copy_engine=h.copy_engine)
+                    load_granularity=h.load_granularity, copy_engine=h.copy_engine,
+                    coordinator=h.coordinator)
     return opts
 
 
-def _failed(name: str, status: str, err: str) -> Dict:
-    return {"backend": name, "status": status, "error": err}
+def _failed(cfg, name: str, status: str, err: str) -> Dict:
+    """A row for a backend that did not run; it still records the backend's settings."""
+    return {"backend": name, **backend_options(cfg, name), "status": status, "error": err}
 
 
 class LayerGraphs:
@@ -146,11 +148,11 @@ def run_backend(name: str, cfg, wl: Workload, topk_dev: torch.Tensor, device: to
     try:
         be = cls(wl, opts)
     except BackendInvalid as e:
-        return _failed(name, "invalid", str(e)), []
+        return _failed(cfg, name, "invalid", str(e)), []
     except BackendUnavailable as e:
-        return _failed(name, "unavailable", str(e)), []
+        return _failed(cfg, name, "unavailable", str(e)), []
     except (torch.OutOfMemoryError, MemoryError) as e:
-        return _failed(name, "oom", f"set-up does not fit: {str(e).splitlines()[0]}"), []
+        return _failed(cfg, name, "oom", f"set-up does not fit: {str(e).splitlines()[0]}"), []
     row: Dict = {"backend": name, **be.row_extras()}
     if cfg.timing.cuda_graph and be.graph_capturable():
         reason = be.graph_capturable()
@@ -293,7 +295,7 @@ def summarize(samples: List[Dict[str, float]], sums: Dict, *, model: ModelConfig
 
 def _all_oom(cfg, names, device, repro, cfg_hash, job_dir, reason: str) -> List[Dict]:
     base = base_row(cfg, None, device, repro, cfg_hash)
-    rows = [{**base, **_failed(n, "oom", reason)} for n in names]
+    rows = [{**base, **_failed(cfg, n, "oom", reason)} for n in names]
     results.write_results(job_dir, rows)
     log.info("oom: %s", reason)
     return rows
@@ -332,7 +334,7 @@ def run_point(cfg, device: torch.device, job_dir: Path, repro: str, cfg_hash: st
             row, srows = run_backend(name, cfg, wl, topk_dev, device)
         except Exception as e:  # recorded, and the sweep goes on
             log.error("backend %s failed:\n%s", name, traceback.format_exc())
-            row, srows = _failed(name, "error", f"{type(e).__name__}: {e}"), []
+            row, srows = _failed(cfg, name, "error", f"{type(e).__name__}: {e}"), []
         record = row.pop("_record", None)
         if cfg.selection.record and record is not None and not recorded:
             # the selections actually served (for selection=indexer: what the indexer chose)

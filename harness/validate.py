@@ -14,6 +14,7 @@ KV_DTYPES = ("bf16", "fp8_ds_mla")
 SOURCES = ("synthetic", "trace", "indexer")
 GRANULARITIES = ("token", "page")
 COPY_ENGINES = ("uva_kernel", "memcpy", "staged")
+COORDINATORS = ("triton", "sglang")
 ATTENTION_KERNELS = ("triton", "flashmla")
 DEVICES = ("auto", "cuda", "cpu")
 PHASES = ("decode", "extend")
@@ -41,6 +42,7 @@ CHOICES = {
     "selection.source": SOURCES,
     "hisparse.load_granularity": GRANULARITIES,
     "hisparse.copy_engine": COPY_ENGINES,
+    "hisparse.coordinator": COORDINATORS,
     "phase": PHASES,
 }
 #: fields that must be integers >= 1

@@ -394,3 +394,21 @@ def test_gpu_free_running_matches_upstream_model():
             live = (sel[b] >= 0) & (sel[b] < s)
             assert torch.equal(pool[out[b][torch.from_numpy(live)].long()],
                                kv[0, r, torch.from_numpy(sel[b][live]).long()])
+
+
+@pytest.mark.slow
+def test_peers_bench_quick_swap_in_comparison(tmp_path, monkeypatch):
+    """``python -m harness.bench peers --quick``: the swap-in comparison (ours vs the model of
+    upstream's kernel) checks rows and per-request misses before timing, and writes JSON."""
+    import json
+    from harness.bench import peers
+    monkeypatch.setenv("OUT", str(tmp_path))
+    rows = peers.main(["--quick", "--repeats", "2"])
+    saved = json.loads((tmp_path / "peers_bench.json").read_text())
+    assert [r["kernel"] for r in saved] == [r["kernel"] for r in rows] == [
+        "swap_in (a) all misses", "swap_in (b) all hits", "swap_in (c) 85% overlap"]
+    a, b, c = rows
+    assert a["misses_per_req"] == a["top_k"] and b["misses_per_req"] == 0
+    assert 0 < c["misses_per_req"] < c["top_k"]
+    assert all(r["ours_rel_err"] == 0 and r["peer_rel_err"] == 0 for r in rows)
+    assert all(r["ours_us"] > 0 and r["peer_us"] > 0 and r["peer_kernel_us"] > 0 for r in rows)

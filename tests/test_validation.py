@@ -16,6 +16,7 @@ from harness.validate import ConfigError, check_value
     ("backend", "flashinfer", "flashmla_sparse, hisparse, all"),
     ("kv_dtype", "fp16", "bf16, fp8_ds_mla"),
     ("step_overlap", 1.5, "[0, 1]"),
+    ("hisparse.coordinator", "vllm", "triton, sglang"),
 ])
 def test_check_value_names_field_and_allowed(field, value, needle):
     with pytest.raises(ConfigError) as e:

@@ -956,7 +956,8 @@ class SGLangHiSparsePeer:
         dev = pools.device
         self.tokens, self.lru_slots = to_upstream_state(pools.slot_unit, pools.lru, P)
         self.locs = device_buffer_locs(R, D, P, dev)
-        self.host_locs = host_cache_locs(pools.host_page_table, P)
+        self.host_locs: Optional[torch.Tensor] = None
+        self.refresh_host_locs()
         self.out = torch.full((R, K), -1, dtype=torch.int32, device=dev)
         self.miss_src = torch.zeros((R, K), dtype=torch.int64, device=dev)
         self.miss_dst = torch.zeros((R, K), dtype=torch.int32, device=dev)
@@ -972,15 +973,25 @@ class SGLangHiSparsePeer:
         layers = range(coord.num_layers) if layers is None else layers
         reqs = slice(None) if reqs is None else torch.as_tensor(list(reqs), dtype=torch.long)
         for layer in layers:
-            tok, lru = to_upstream_state(coord.slot_unit[layer][reqs], coord.lru[layer][reqs],
-                                         coord.page_size)
-            self.tokens[layer][reqs] = tok.to(self.tokens.device)
-            self.lru_slots[layer][reqs] = lru.to(self.lru_slots.device)
+            self.load_state(layer, coord.slot_unit[layer][reqs], coord.lru[layer][reqs], reqs)
         self.refresh_host_locs()
 
+    def load_state(self, layer: int, slot_unit: torch.Tensor, lru: torch.Tensor,
+                   reqs=slice(None)) -> None:
+        """Sets the hot-buffer state of ``layer`` for requests ``reqs`` from ours: ``slot_unit``
+        and ``lru`` int32 ``[len(reqs), D]`` (position per slot; slots least recent first)."""
+        tok, lru16 = to_upstream_state(slot_unit, lru, self.pools.page_size)
+        self.tokens[layer][reqs] = tok.to(self.tokens.device)
+        self.lru_slots[layer][reqs] = lru16.to(self.lru_slots.device)
+
     def refresh_host_locs(self) -> None:
-        """Re-reads the host page table of ``pools`` (after ``load_host_kv`` allocated pages)."""
-        self.host_locs = host_cache_locs(self.pools.host_page_table, self.pools.page_size)
+        """Re-reads the host page table of ``pools`` (after ``load_host_kv`` allocated pages),
+        in place: a captured CUDA graph keeps reading the same buffer."""
+        locs = host_cache_locs(self.pools.host_page_table, self.pools.page_size)
+        if self.host_locs is not None and self.host_locs.shape == locs.shape:
+            self.host_locs.copy_(locs)
+        else:
+            self.host_locs = locs
 
     def prefill(self, reqs) -> None:
         """After ``pools.prefill``: takes the fresh hot buffers (positions ``0..``)."""
@@ -1011,8 +1022,20 @@ class SGLangHiSparsePeer:
         """Like ``HiSparseCoordinator.swap_in_selected_pages``: int32 ``[B, top_k]`` global rows
         of ``pools.device_pool(layer_id)`` in the caller's entry order. Runs the canonicalising
         sort (a few small torch ops), the -1 fill of the output and upstream's kernel."""
-        B = topk_indices.shape[0]
         canon, where = canonical_selection(topk_indices, seq_lens)
+        out = self.swap_in_canonical(req_pool_indices, seq_lens, canon, layer_id, skip_io)
+        self.last_where = where
+        return uncanonical(out, where)
+
+    def swap_in_canonical(self, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+                          canon: torch.Tensor, layer_id: int, skip_io: bool = False
+                          ) -> torch.Tensor:
+        """Upstream's kernel alone on a selection already in canonical form
+        (``canonical_selection``: int32 ``[B, top_k]``, valid distinct positions ascending, then
+        -1), as SGLang feeds it the indexer's top-k: int32 ``[B, top_k]`` global rows of
+        ``pools.device_pool(layer_id)`` per canonical entry (-1 after the valid ones). Runs the
+        -1 fill of the output and the kernel."""
+        B = canon.shape[0]
         out = self.out[:B]
         out.fill_(-1)
         self.num_real.fill_(B)
@@ -1024,8 +1047,8 @@ class SGLangHiSparsePeer:
             lru_slots=self.lru_slots[layer_id], num_real_reqs=self.num_real,
             item_size_bytes=self.pools.row_bytes, miss_src=self.miss_src[:B],
             miss_dst=self.miss_dst[:B], miss_count=self.miss_count[:B], skip_io=skip_io)
-        self.last_canon, self.last_where = canon, where
-        return uncanonical(out, where)
+        self.last_canon = canon
+        return out
 
     def last_counts(self) -> Dict[str, torch.Tensor]:
         """``hits`` and ``misses`` (int64 ``[B]``) of the latest call, derived as ours counts

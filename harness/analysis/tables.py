@@ -34,7 +34,7 @@ CELL_AXES = ("page_size", "top_k", "pattern", "context_len", "batch_size", "step
 #: when it varies within every family, otherwise a variant of the families where it varies
 SOFT_AXES = ("step_overlap", "attention_kernel")
 #: backend-specific settings
-VARIANT_AXES = ("backend", "device_buffer_size", "load_granularity", "copy_engine", "fuse_topk")
+VARIANT_AXES = ("backend", "device_buffer_size", "load_granularity", "copy_engine", "coordinator", "fuse_topk")
 #: variant axes whose default follows top_k (hisparse's buffer defaults to 2 x top_k)
 TIED_TO_TOP_K = ("device_buffer_size",)
 STAGE_COLS = ("stage_select_us", "stage_transform_us", "stage_swap_in_us", "stage_attention_us")

@@ -7,6 +7,11 @@
 * index conversion: ``convert_req_index_to_global_index`` vs vLLM's Triton kernel where
   ``vllm`` is importable (it is not on the GPU machine here: its wheel needs torch 2.14);
   ``rel_err`` there is the fraction of wrong slots.
+* HiSparse swap-in: our coordinator vs SGLang's own kernel on identical pools and selections
+  (``harness/bench/swap_in_peer.py``: all misses, all hits, steady state in lockstep);
+  ``rel_err`` there is the fraction of selected rows whose device bytes are wrong. ``--quick``
+  (or no GPU) runs only this part, at tiny sizes, with the pure-Python model of upstream's
+  kernel standing in (a smoke run of the comparison, not a timing).
 
 Timing: ``harness.timing.time_fn`` (CUDA events, cold L2, launch overhead hidden behind a GPU
 spin, median of ``--repeats``). Prints a table last; JSON to ``$OUT/peers_bench.json``.
@@ -20,11 +25,17 @@ from typing import Dict, List, Optional
 
 import torch
 
+if not torch.cuda.is_available():                 # before any Triton kernel is defined
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from backends.kernels.flashmla_peer import PeerUnavailable, PeerUnsupported, flashmla_attention
 from backends.kernels.index_convert import convert_req_index_to_global_index
 from backends.kernels.sparse_mla_decode import sparse_mla_decode
 from harness.bench.attention import Pool, _topk_local, flops
+from harness.bench.swap_in import QUICK, BenchSizes
+from harness.bench.swap_in_peer import swap_in_peer_rows
 from harness.kv_format import KV_DTYPES
+from backends.kernels.sglang_peer import KernelConfig, ModelSwapInKernel, SGLangHiSparsePeer
 from backends.kernels.vllm_peer import vllm_convert_kernel, vllm_convert_req_index_to_global_index
 from harness.reference import convert_req_index_to_global_index_ref, sparse_mla_decode_ref
 from harness.timing import time_fn
@@ -103,9 +114,24 @@ def convert_rows(repeats: int) -> List[Dict]:
     return [row]
 
 
+def swap_in_rows(quick: bool) -> List[Dict]:
+    """Our swap-in vs SGLang's kernel (the model of it when ``quick``)."""
+    if quick:
+        def model_peer(pools):
+            return SGLangHiSparsePeer(pools, kernel=ModelSwapInKernel(
+                KernelConfig(pools.top_k, pools.device_buffer_size)))
+        rows = swap_in_peer_rows(QUICK, torch.device("cpu"), model_peer)
+        return [{**r, "peer": "sglang (Python model: not a timing)"} for r in rows]
+    try:
+        return swap_in_peer_rows(BenchSizes(), torch.device("cuda"))
+    except (PeerUnavailable, PeerUnsupported) as e:
+        return [{"kernel": "swap_in", "peer": f"unavailable: {str(e)[:120]}"}]
+
+
 def _fmt(rows: List[Dict]) -> str:
-    cols = ["kernel", "kv_dtype", "B", "H", "top_k", "ours_us", "peer_us", "ours_over_peer",
-            "ours_tflops", "peer_tflops", "ours_rel_err", "peer_rel_err", "peer"]
+    cols = ["kernel", "kv_dtype", "B", "H", "top_k", "ours_us", "peer_us", "peer_kernel_us",
+            "ours_over_peer", "ours_tflops", "peer_tflops", "misses_per_req", "ours_rel_err",
+            "peer_rel_err", "peer"]
     out = [" | ".join(cols)]
     for r in rows:
         cells = []
@@ -119,11 +145,15 @@ def _fmt(rows: List[Dict]) -> str:
 def main(argv: Optional[List[str]] = None) -> List[Dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--quick", action="store_true",
+                    help="CPU smoke run of the swap-in comparison only (model of upstream's kernel)")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("peers bench: needs CUDA (FlashMLA has no CPU path); nothing to do")
-        return []
-    rows = attention_rows(args.repeats) + convert_rows(args.repeats)
+    if args.quick or not torch.cuda.is_available():
+        print("peers bench: attention and conversion peers need CUDA; swap-in comparison only, "
+              "tiny sizes, upstream's kernel modelled in Python")
+        rows = swap_in_rows(quick=True)
+    else:
+        rows = attention_rows(args.repeats) + convert_rows(args.repeats) + swap_in_rows(False)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "peers_bench.json"), "w") as f:
             json.dump(rows, f, indent=1)

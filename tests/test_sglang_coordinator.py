@@ -1,0 +1,97 @@
+"""``hisparse.coordinator=sglang``: the HiSparse backend with SGLang's swap-in kernel in its
+swap-in stage. On the CPU the kernel's pure-Python stand-in (``ModelSwapInKernel``) runs the
+whole harness point; its per-(step, layer, request) counts are checked against an independent
+replay of the recorded selections through ``UpstreamHotBuffer``. Without that stand-in the CPU
+row is ``unavailable`` and a page-mode point ``invalid``, and the sweep goes on."""
+import numpy as np
+import pytest
+import torch
+
+import backends.hisparse as hisparse_backend
+from backends.kernels import sglang_peer as sp
+from cli import run_harness
+from harness import results
+from harness.config import CONF_DIR
+from harness.lru_model import CoordinatorModel
+from harness.runner import run_point
+from harness.selection import Trace
+from harness.validate import validate
+
+K, D = 16, 24
+POINT = ["device=cpu", "model=tiny", "backend=hisparse", "hisparse.coordinator=sglang",
+         f"top_k={K}", f"hisparse.device_buffer_size={D}", "page_size=8", "context_len=60",
+         "batch_size=3", "kv_dtype=bf16", "steps=5", "timing.warmup_steps=1", "num_layers=2", "step_overlap=0.6",
+         "report=false"]
+
+
+def _compose(*overrides):
+    from hydra import compose, initialize_config_dir
+    import harness.cli  # noqa: F401  (registers the structured configs)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def _model_peer(coord):
+    return sp.SGLangHiSparsePeer(coord, kernel=sp.ModelSwapInKernel(
+        sp.KernelConfig(coord.top_k, coord.device_buffer_size)))
+
+
+@pytest.fixture(scope="module")
+def model_point(tmp_path_factory):
+    d = tmp_path_factory.mktemp("sglang_point")
+    cfg = _compose(*POINT, f"selection.record={d}/sel.npz")
+    validate(cfg)
+    mp = pytest.MonkeyPatch()
+    mp.setattr(hisparse_backend, "make_sglang_peer", _model_peer)
+    try:
+        run_point(cfg, torch.device("cpu"), d, "python -m harness ...", "h")
+    finally:
+        mp.undo()
+    return d
+
+
+def test_point_with_the_upstream_model_is_correct(model_point):
+    row = results.load(model_point).iloc[0]
+    assert row["status"] == "ok", row["error"]
+    assert row["coordinator"] == "sglang" and row["copy_engine"] == "uva_kernel"
+    assert row["misses"] > 0 and row["hits"] > 0
+    assert row["bytes_h2d"] == row["tokens_loaded"] * row["kv_row_bytes"]
+    assert row["pages_loaded"] == 0 and row["stage_swap_in_us"] > 0
+
+
+def test_counts_equal_an_independent_replay_of_upstream_policy(model_point):
+    tr = Trace.load(model_point / "sel.npz")
+    steps, layers, B, _ = tr.topk.shape
+    st = results.load(model_point, steps=True).set_index(["step", "layer", "request"])
+    prompt = [int(n) - 1 for n in tr.seq_lens[0]]
+    growth = CoordinatorModel(layers, D, 8, "token")
+    growth.prefill(range(B), prompt)
+    models, long_seen = {}, set()
+    for s in range(steps):
+        seqs = [int(n) for n in tr.seq_lens[s]]
+        growth.begin_step(range(B), seqs)
+        for b, n in enumerate(seqs):
+            if b not in long_seen:       # the peer takes the grown buffers until a request is long
+                for layer in range(layers):
+                    models[layer, b] = sp.UpstreamHotBuffer.from_model(growth.buffer(layer, b))
+            if n > D:
+                long_seen.add(b)
+        for layer in range(layers):
+            for b, n in enumerate(seqs):
+                v = sorted({int(p) for p in tr.topk[s, layer, b] if 0 <= p < n})
+                want = models[layer, b].step(n, v + [-1] * (K - len(v)))
+                got = st.loc[(s, layer, b)]
+                assert (got.hits, got.misses, got.tokens_loaded) == (want.hits, want.misses, want.misses), \
+                    (s, layer, b)
+
+
+def test_without_gpu_unavailable_and_page_mode_invalid_sweep_goes_on(tmp_path):
+    args = [a for a in POINT if not a.startswith(("backend", "device=", "steps", "num_layers"))]
+    run_harness("-m", "hisparse.load_granularity=token,page", "backend=all", "steps=2", "num_layers=1",
+                *args, f"hydra.sweep.dir={tmp_path}")
+    df = results.load(tmp_path)
+    hs = df[df.backend == "hisparse"].set_index("load_granularity")
+    assert hs.loc["token", "status"] == "unavailable" and "CUDA" in hs.loc["token", "error"]
+    assert hs.loc["page", "status"] == "invalid" and "load_granularity=token" in hs.loc["page", "error"]
+    assert (df[df.backend == "flashmla_sparse"]["status"] == "ok").all()
+    assert set(hs["coordinator"]) == {"sglang"}
