@@ -6,7 +6,10 @@ attention a table of device slots. Attention is the same kernel as the vLLM-styl
 Stages: ``swap_in`` (hit/miss resolution + host -> device copy), ``attention``.
 ``coordinator=sglang`` runs the swap-in stage through SGLang's own kernel
 (``backends/kernels/sglang_peer.py``) on the same pools instead of ours: token mode, and the
-kernel's own zero-copy loads (our ``uva_kernel`` mechanism) only.
+kernel's own zero-copy loads (our ``uva_kernel`` mechanism) only. The selection goes to the kernel
+as it is, as SGLang passes it the indexer's top-k; after the timed region each layer's selection
+is checked against the kernel's contract (``selection_contract_error``) and a violation makes
+the row ``invalid``.
 Set-up (outside timing): the host pool is filled with the workload's logical KV, the hot
 buffers are initialised as after prefill, and each step's newest token is written to the
 reserved slot (the KV write both designs do).
@@ -95,6 +98,15 @@ class HiSparseBackend(Backend):
                 err = self.coord.overflow_error(wl.topk[s, layer], wl.seq_lens[s])
                 if err is not None:
                     raise BackendInvalid(f"step {s}, layer {layer}: {err}")
+                if self.coordinator == "sglang":
+                    self._check_contract(f"step {s}, layer {layer}", wl.topk[s, layer], wl.seq_lens[s])
+
+    def _check_contract(self, where: str, positions: np.ndarray, seq_lens: np.ndarray) -> None:
+        from backends.kernels.sglang_peer import selection_contract_error
+        err = selection_contract_error(positions, seq_lens, self.buffer_size)
+        if err is not None:
+            raise BackendInvalid(f"{where}: coordinator=sglang: the selection breaks the upstream "
+                                 f"kernel's contract: {err}")
 
     def _kv(self, layer: int) -> torch.Tensor:
         """The layer's device pool in the attention kernel's row format."""
@@ -117,8 +129,9 @@ class HiSparseBackend(Backend):
     def _swap_in(self, seq_lens: torch.Tensor, positions: torch.Tensor, layer: int) -> torch.Tensor:
         if self.peer is None:
             return self.coord.swap_in_selected_pages(self.req_idx, seq_lens, positions, layer)
-        slots = self.peer.swap_in(self.req_idx, seq_lens, positions, layer)
-        self._peer_counts[layer] = self.peer.last_counts()   # per layer: graphs replay them
+        slots = self.peer.swap_in_direct(self.req_idx, seq_lens, positions, layer)
+        # per layer (graphs replay them): counts, and what was selected (contract check)
+        self._peer_counts[layer] = dict(self.peer.last_counts(), positions=positions, seq_lens=seq_lens)
         return slots
 
     def decode_layer(self, step: int, layer: int, q: torch.Tensor, positions: Optional[torch.Tensor],
@@ -131,8 +144,9 @@ class HiSparseBackend(Backend):
                                                              d_v=self.wl.model.d_v))
 
     def layer_counts(self, layer: int) -> Dict[str, np.ndarray]:
-        if self.peer is not None:
+        if self.peer is not None:  # selections made inside the step (indexer): checked here
             c = {k: v.cpu().numpy().astype(np.int64) for k, v in self._peer_counts[layer].items()}
+            self._check_contract(f"layer {layer}", c.pop("positions"), c.pop("seq_lens"))
             return {"pages_loaded": np.zeros_like(c["misses"]), **c}
         c = {k: v.cpu().numpy().astype(np.int64) for k, v in self.coord.layer_counts(layer).items()}
         if c["overflow"].any():  # selections not known up front (indexer) can still overflow

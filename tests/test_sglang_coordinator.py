@@ -78,8 +78,7 @@ def test_counts_equal_an_independent_replay_of_upstream_policy(model_point):
                 long_seen.add(b)
         for layer in range(layers):
             for b, n in enumerate(seqs):
-                v = sorted({int(p) for p in tr.topk[s, layer, b] if 0 <= p < n})
-                want = models[layer, b].step(n, v + [-1] * (K - len(v)))
+                want = models[layer, b].step(n, tr.topk[s, layer, b].tolist())  # as passed
                 got = st.loc[(s, layer, b)]
                 assert (got.hits, got.misses, got.tokens_loaded) == (want.hits, want.misses, want.misses), \
                     (s, layer, b)
@@ -95,3 +94,33 @@ def test_without_gpu_unavailable_and_page_mode_invalid_sweep_goes_on(tmp_path):
     assert hs.loc["page", "status"] == "invalid" and "load_granularity=token" in hs.loc["page", "error"]
     assert (df[df.backend == "flashmla_sparse"]["status"] == "ok").all()
     assert set(hs["coordinator"]) == {"sglang"}
+
+
+def test_selection_contract():
+    n = np.array([40, 20])
+    ok = np.array([[5, 39, 0, -1], [3, 1, -1, -1]])
+    assert sp.selection_contract_error(ok, n, 24) is None
+    assert "twice" in sp.selection_contract_error(np.array([[5, 7, 5, -1], [3, 1, -1, -1]]), n, 24)
+    assert "outside" in sp.selection_contract_error(np.array([[5, 40, 1, -1], [3, 1, -1, -1]]), n, 24)
+    assert "outside" in sp.selection_contract_error(np.array([[5, -2, 1, -1], [3, 1, -1, -1]]), n, 24)
+    # -1 before a valid entry: fine for a long request (skipped), not for a short one
+    assert sp.selection_contract_error(np.array([[-1, 7, 5, -1], [3, 1, -1, -1]]), n, 24) is None
+    err = sp.selection_contract_error(np.array([[5, 7, 1, -1], [3, -1, 1, -1]]), n, 24)
+    assert "batch row 1" in err and "short request" in err
+    assert sp.selection_contract_error(np.array([[5, -1, 1, -1], [3, -1, 1, -1]]), n, 16) is None
+
+
+def test_trace_breaking_the_contract_is_invalid_before_any_kernel(tmp_path):
+    steps, layers, B = 2, 1, 2
+    rng = np.random.default_rng(0)
+    seq = np.array([[61, 61], [62, 62]], dtype=np.int32)
+    topk = np.stack([[[rng.permutation(int(seq[s, b]))[:K] for b in range(B)]] for s in range(steps)])
+    topk = topk.astype(np.int32)
+    topk[1, 0, 1, 3] = topk[1, 0, 1, 0]                 # one duplicate, step 1, batch row 1
+    Trace(topk, seq).save(tmp_path / "dup.npz")
+    args = [a for a in POINT if not a.startswith(("steps", "num_layers", "batch_size", "context"))]
+    run_harness(*args, "selection=trace", f"selection.path={tmp_path}/dup.npz", "steps=2",
+                "num_layers=1", "batch_size=2", f"hydra.run.dir={tmp_path}/run")
+    row = results.load(tmp_path / "run").iloc[0]
+    assert row["status"] == "invalid"
+    assert "step 1, layer 0" in row["error"] and "batch row 1" in row["error"] and "twice" in row["error"]

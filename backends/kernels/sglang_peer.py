@@ -53,7 +53,10 @@ in pure Python) and where they differ from ours (``harness/lru_model.py``):
   distinct, ascending, -1 at the end) and maps the output back to the caller's order. With that
   selection, hits, misses, slot assignment, output slots and copied bytes equal ours exactly; the
   LRU orders differ only in the order of the hit slots, so free-running traces can diverge
-  (``tests/test_sglang_peer.py`` has a four-step example).
+  (``tests/test_sglang_peer.py`` has a four-step example). ``swap_in`` (any selection) pays for
+  that canonicalising sort; ``swap_in_direct`` passes a selection that already meets upstream's
+  contract (``selection_contract_error``; an indexer's top-k does) straight to the kernel, as
+  SGLang does, and is what ``hisparse.coordinator=sglang`` runs.
 * no counts: misses come from ``miss_count`` (RecordMissPlan), hits are derived
   (distinct valid selections - misses, the newest token counted as a hit, as ours).
 * copies: one warp per miss, 16-byte ``ld.global.nc.v2.b64`` from pinned host memory (UVA) with
@@ -816,6 +819,32 @@ def canonical_selection(topk: torch.Tensor, seq_lens: torch.Tensor
     return canon.contiguous(), torch.where(valid, where, -1)
 
 
+def selection_contract_error(topk: np.ndarray, seq_lens: np.ndarray,
+                             device_buffer_size: int) -> Optional[str]:
+    """None when a selection (int ``[B, K]`` request-local positions, -1 padded; ``seq_lens``
+    ``[B]``) is one upstream's kernel handles exactly: positions in ``[-1, seq_len)``, no
+    position twice in a row, and for short requests (``seq_len <= device_buffer_size``) no -1
+    before a valid entry. Otherwise the first violation, in words."""
+    t = np.asarray(topk, dtype=np.int64)
+    n = np.asarray(seq_lens, dtype=np.int64)[:, None]
+    bad = (t < -1) | (t >= n)
+    if bad.any():
+        b = int(np.argwhere(bad)[0, 0])
+        return f"batch row {b} selects a position outside [-1, seq_len={int(n[b, 0])})"
+    s = np.sort(t, axis=1)
+    dup = (s[:, 1:] == s[:, :-1]) & (s[:, 1:] >= 0)
+    if dup.any():
+        b = int(np.argwhere(dup)[0, 0])
+        return f"batch row {b} selects a position twice (upstream's kernel would race)"
+    valid = t >= 0
+    gap = (~valid[:, :-1] & valid[:, 1:]) & (n <= device_buffer_size)
+    if gap.any():
+        b = int(np.argwhere(gap)[0, 0])
+        return (f"batch row {b} (a short request, seq_len <= {device_buffer_size}) has -1 before "
+                "a valid entry")
+    return None
+
+
 def uncanonical(out: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
     """Output slots of a canonical selection back in the caller's entry order (-1 kept)."""
     g = torch.gather(out, 1, where.clamp(min=0))
@@ -1023,36 +1052,37 @@ class SGLangHiSparsePeer:
         of ``pools.device_pool(layer_id)`` in the caller's entry order. Runs the canonicalising
         sort (a few small torch ops), the -1 fill of the output and upstream's kernel."""
         canon, where = canonical_selection(topk_indices, seq_lens)
-        out = self.swap_in_canonical(req_pool_indices, seq_lens, canon, layer_id, skip_io)
+        out = self.swap_in_direct(req_pool_indices, seq_lens, canon, layer_id, skip_io)
         self.last_where = where
         return uncanonical(out, where)
 
-    def swap_in_canonical(self, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
-                          canon: torch.Tensor, layer_id: int, skip_io: bool = False
-                          ) -> torch.Tensor:
-        """Upstream's kernel alone on a selection already in canonical form
-        (``canonical_selection``: int32 ``[B, top_k]``, valid distinct positions ascending, then
-        -1), as SGLang feeds it the indexer's top-k: int32 ``[B, top_k]`` global rows of
-        ``pools.device_pool(layer_id)`` per canonical entry (-1 after the valid ones). Runs the
-        -1 fill of the output and the kernel."""
-        B = canon.shape[0]
+    def swap_in_direct(self, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+                       topk_indices: torch.Tensor, layer_id: int, skip_io: bool = False
+                       ) -> torch.Tensor:
+        """Upstream's kernel alone, fed the selection as SGLang feeds it the indexer's top-k:
+        int32 ``[B, top_k]`` that meets upstream's contract (``selection_contract_error`` is
+        None: e.g. a canonical selection). Returns int32 ``[B, top_k]`` global rows of
+        ``pools.device_pool(layer_id)`` per entry, -1 for -1 entries. Runs the -1 fill of the
+        output and the kernel."""
+        B = topk_indices.shape[0]
         out = self.out[:B]
         out.fill_(-1)
         self.num_real.fill_(B)
         self.kernel.launch(
-            top_k=canon, device_buffer_tokens=self.tokens[layer_id],
+            top_k=topk_indices, device_buffer_tokens=self.tokens[layer_id],
             host_cache_locs=self.host_locs, device_buffer_locs=self.locs,
             host_cache=self.pools.host_kv[layer_id], device_buffer=self.pools.device_kv[layer_id],
             top_k_device_locs=out, req_pool_indices=req_pool_indices, seq_lens=seq_lens,
             lru_slots=self.lru_slots[layer_id], num_real_reqs=self.num_real,
             item_size_bytes=self.pools.row_bytes, miss_src=self.miss_src[:B],
             miss_dst=self.miss_dst[:B], miss_count=self.miss_count[:B], skip_io=skip_io)
-        self.last_canon = canon
+        self.last_canon = topk_indices
         return out
 
     def last_counts(self) -> Dict[str, torch.Tensor]:
         """``hits`` and ``misses`` (int64 ``[B]``) of the latest call, derived as ours counts
-        them: misses = upstream's miss count, hits = distinct valid selections - misses."""
+        them: misses = upstream's miss count, hits = distinct valid selections - misses (the
+        latest selection met the contract, so its entries >= 0 are distinct and valid)."""
         B = self.last_canon.shape[0]
         misses = self.miss_count[:B].to(torch.int64)
         distinct = (self.last_canon >= 0).sum(dim=1).to(torch.int64)

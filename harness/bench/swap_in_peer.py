@@ -119,7 +119,7 @@ def scattered_misses(sz: BenchSizes, device, peer_factory: PeerFactory) -> Dict:
 
     return _time_pair(row, device, sz, lambda: ours.swap_in_selected_pages(req, seq, sel, 0),
                       lambda: peer.swap_in(req, seq, sel, 0),
-                      lambda: peer.swap_in_canonical(req, seq, canon, 0),
+                      lambda: peer.swap_in_direct(req, seq, canon, 0),
                       (next_sel, next_sel, next_canon))
 
 
@@ -143,7 +143,7 @@ def all_hits(sz: BenchSizes, device, peer_factory: PeerFactory) -> Dict:
     canon = canonical_selection(topk, seq)[0]
     return _time_pair(row, device, sz, lambda: ours.swap_in_selected_pages(req, seq, topk, 0),
                       lambda: peer.swap_in(req, seq, topk, 0),
-                      lambda: peer.swap_in_canonical(req, seq, canon, 0), (None, None, None))
+                      lambda: peer.swap_in_direct(req, seq, canon, 0), (None, None, None))
 
 
 def steady_state(sz: BenchSizes, device, peer_factory: PeerFactory) -> Dict:
@@ -193,7 +193,7 @@ def steady_state(sz: BenchSizes, device, peer_factory: PeerFactory) -> Dict:
 
     return _time_pair(row, device, sz, lambda: ours.swap_in_selected_pages(req, seq, topk, 0),
                       lambda: peer.swap_in(req, seq, topk, 0),
-                      lambda: peer.swap_in_canonical(req, seq, canon, 0),
+                      lambda: peer.swap_in_direct(req, seq, canon, 0),
                       (replay_ours, replay_peer("p", False), replay_peer("k", True)))
 
 
