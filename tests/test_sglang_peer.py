@@ -205,37 +205,45 @@ def test_peer_pipeline_with_model_kernel_against_coordinator():
     assert sum(m for _, m, _ in totals) > 0 and sum(h for h, _, _ in totals) > 0
 
 
-def test_peer_free_running_with_model_kernel():
-    _, pools, kv = _pair("cpu", L=1)
+def _free_running(pools, peer, kv, reqs, lens, steps, seed):
+    """The peer on its own (no syncing from ours) for ``steps`` decode steps of layer 0: every
+    step's misses, upstream state and the device bytes behind its output slots equal the
+    pure-Python model of upstream's policy, started from the grown buffers."""
+    dev = pools.device
     K, D = pools.top_k, pools.device_buffer_size
-    peer = sp.SGLangHiSparsePeer(pools, kernel=sp.ModelSwapInKernel(sp.KernelConfig(K, D)))
-    reqs, lens = [1, 0], [20, 40]
     pools.prefill(reqs, lens)
     peer.prefill(reqs)
     growth = CoordinatorModel(1, D, pools.page_size, "token")
     growth.prefill(reqs, lens)
     models = {r: sp.UpstreamHotBuffer.from_model(growth.buffer(0, r)) for r in reqs}
-    rng = np.random.default_rng(5)
-    for step in range(8):
+    rng = np.random.default_rng(seed)
+    for step in range(steps):
         seqs = [n + 1 + step for n in lens]
         pools.begin_step(reqs, seqs)
         peer.begin_step(reqs, seqs)
         growth.begin_step(reqs, seqs)
         sel = np.stack([_random_sel(rng, s, K) for s in seqs])
-        out = peer.swap_in(torch.tensor(reqs), torch.tensor(seqs),
-                           torch.tensor(sel, dtype=torch.int32), 0)
-        pool = pools.device_pool(0)
+        out = peer.swap_in(torch.tensor(reqs, device=dev), torch.tensor(seqs, device=dev),
+                           torch.tensor(sel, dtype=torch.int32, device=dev), 0).cpu()
+        su, lru = (t.cpu() for t in peer.state(0))
+        misses = peer.last_counts()["misses"].cpu()
+        pool = pools.device_pool(0).cpu()
         for b, (r, s) in enumerate(zip(reqs, seqs)):
             if s <= D + 1:                      # not long before this step: grown in order
                 models[r] = sp.UpstreamHotBuffer.from_model(growth.buffer(0, r))
             st = models[r].step(s, _canon_row(sel[b], s, K))
-            assert int(peer.last_counts()["misses"][b]) == st.misses
-            su, lru = peer.state(0)
+            assert int(misses[b]) == st.misses
             assert su[r].tolist() == models[r].tokens and lru[r].tolist() == models[r].lru
-            live = (sel[b] >= 0) & (sel[b] < s)
-            assert torch.equal(pool[out[b][torch.from_numpy(live)].long()],
-                               kv[0, r, torch.from_numpy(sel[b][live]).long()])
-            assert (out[b][torch.from_numpy(~live)] == -1).all()
+            live = torch.from_numpy((sel[b] >= 0) & (sel[b] < s))
+            assert torch.equal(pool[out[b][live].long()], kv[0, r, torch.from_numpy(sel[b])[live].long()])
+            assert (out[b][~live] == -1).all()
+
+
+def test_peer_free_running_with_model_kernel():
+    _, pools, kv = _pair("cpu", L=1)
+    peer = sp.SGLangHiSparsePeer(pools, kernel=sp.ModelSwapInKernel(
+        sp.KernelConfig(pools.top_k, pools.device_buffer_size)))
+    _free_running(pools, peer, kv, reqs=[1, 0], lens=[20, 40], steps=8, seed=5)
 
 
 # ------------------------------------------------------------------ contract, config, no GPU
@@ -365,35 +373,7 @@ def test_gpu_lockstep_dsv32_size():
 @pytest.mark.gpu
 def test_gpu_free_running_matches_upstream_model():
     _, pools, kv = _pair("cuda", L=1, K=16, D=48, P=16, row_bytes=32, max_seq=200)
-    peer = _gpu_peer(pools)
-    K, D = pools.top_k, pools.device_buffer_size
-    reqs, lens = [1, 0], [30, 60]
-    pools.prefill(reqs, lens)
-    peer.prefill(reqs)
-    growth = CoordinatorModel(1, D, pools.page_size, "token")
-    growth.prefill(reqs, lens)
-    models = {r: sp.UpstreamHotBuffer.from_model(growth.buffer(0, r)) for r in reqs}
-    rng = np.random.default_rng(8)
-    for step in range(15):
-        seqs = [n + 1 + step for n in lens]
-        pools.begin_step(reqs, seqs)
-        peer.begin_step(reqs, seqs)
-        growth.begin_step(reqs, seqs)
-        sel = np.stack([_random_sel(rng, s, K) for s in seqs])
-        out = peer.swap_in(torch.tensor(reqs, device="cuda"), torch.tensor(seqs, device="cuda"),
-                           torch.tensor(sel, dtype=torch.int32, device="cuda"), 0).cpu()
-        su, lru = (t.cpu() for t in peer.state(0))
-        misses = peer.last_counts()["misses"].cpu()
-        pool = pools.device_pool(0).cpu()
-        for b, (r, s) in enumerate(zip(reqs, seqs)):
-            if s <= D + 1:
-                models[r] = sp.UpstreamHotBuffer.from_model(growth.buffer(0, r))
-            st = models[r].step(s, _canon_row(sel[b], s, K))
-            assert int(misses[b]) == st.misses
-            assert su[r].tolist() == models[r].tokens and lru[r].tolist() == models[r].lru
-            live = (sel[b] >= 0) & (sel[b] < s)
-            assert torch.equal(pool[out[b][torch.from_numpy(live)].long()],
-                               kv[0, r, torch.from_numpy(sel[b][live]).long()])
+    _free_running(pools, _gpu_peer(pools), kv, reqs=[1, 0], lens=[30, 60], steps=15, seed=8)
 
 
 @pytest.mark.slow
