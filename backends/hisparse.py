@@ -7,9 +7,9 @@ Stages: ``swap_in`` (hit/miss resolution + host -> device copy), ``attention``.
 ``coordinator=sglang`` runs the swap-in stage through SGLang's own kernel
 (``backends/kernels/sglang_peer.py``) on the same pools instead of ours: token mode, and the
 kernel's own zero-copy loads (our ``uva_kernel`` mechanism) only. The selection goes to the kernel
-as it is, as SGLang passes it the indexer's top-k; after the timed region each layer's selection
-is checked against the kernel's contract (``selection_contract_error``) and a violation makes
-the row ``invalid``.
+as it is, as SGLang passes it the indexer's top-k; it is checked against the kernel's contract
+(``selection_contract_error``) before any kernel runs when known up front (synthetic, trace), else
+after each timed layer (indexer), and a violation makes the row ``invalid``.
 Set-up (outside timing): the host pool is filled with the workload's logical KV, the hot
 buffers are initialised as after prefill, and each step's newest token is written to the
 reserved slot (the KV write both designs do).
@@ -144,9 +144,11 @@ class HiSparseBackend(Backend):
                                                              d_v=self.wl.model.d_v))
 
     def layer_counts(self, layer: int) -> Dict[str, np.ndarray]:
-        if self.peer is not None:  # selections made inside the step (indexer): checked here
+        if self.peer is not None:
             c = {k: v.cpu().numpy().astype(np.int64) for k, v in self._peer_counts[layer].items()}
-            self._check_contract(f"layer {layer}", c.pop("positions"), c.pop("seq_lens"))
+            positions, seq_lens = c.pop("positions"), c.pop("seq_lens")
+            if self.wl.topk is None:  # selected inside the step (indexer): not checked up front
+                self._check_contract(f"layer {layer}", positions, seq_lens)
             return {"pages_loaded": np.zeros_like(c["misses"]), **c}
         c = {k: v.cpu().numpy().astype(np.int64) for k, v in self.coord.layer_counts(layer).items()}
         if c["overflow"].any():  # selections not known up front (indexer) can still overflow

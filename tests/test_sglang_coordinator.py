@@ -31,18 +31,13 @@ def _compose(*overrides):
         return compose(config_name="config", overrides=list(overrides))
 
 
-def _model_peer(coord):
-    return sp.SGLangHiSparsePeer(coord, kernel=sp.ModelSwapInKernel(
-        sp.KernelConfig(coord.top_k, coord.device_buffer_size)))
-
-
 @pytest.fixture(scope="module")
 def model_point(tmp_path_factory):
     d = tmp_path_factory.mktemp("sglang_point")
     cfg = _compose(*POINT, f"selection.record={d}/sel.npz")
     validate(cfg)
     mp = pytest.MonkeyPatch()
-    mp.setattr(hisparse_backend, "make_sglang_peer", _model_peer)
+    mp.setattr(hisparse_backend, "make_sglang_peer", sp.SGLangHiSparsePeer.modelled)
     try:
         run_point(cfg, torch.device("cpu"), d, "python -m harness ...", "h")
     finally:
@@ -124,3 +119,19 @@ def test_trace_breaking_the_contract_is_invalid_before_any_kernel(tmp_path):
     row = results.load(tmp_path / "run").iloc[0]
     assert row["status"] == "invalid"
     assert "step 1, layer 0" in row["error"] and "batch row 1" in row["error"] and "twice" in row["error"]
+
+
+def test_indexer_selection_meets_the_contract_after_each_layer(tmp_path):
+    """With the indexer selecting inside the step nothing is checked up front: each layer's
+    top-k is checked after the timed region, and the indexer's top-k passes."""
+    cfg = _compose(*POINT, "selection=indexer", "steps=3", "num_layers=1")
+    validate(cfg)
+    mp = pytest.MonkeyPatch()
+    mp.setattr(hisparse_backend, "make_sglang_peer", sp.SGLangHiSparsePeer.modelled)
+    try:
+        run_point(cfg, torch.device("cpu"), tmp_path, "python -m harness ...", "h")
+    finally:
+        mp.undo()
+    row = results.load(tmp_path).iloc[0]
+    assert row["status"] == "ok", row["error"]
+    assert row["selection"] == "indexer" and row["coordinator"] == "sglang" and row["misses"] > 0

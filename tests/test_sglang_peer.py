@@ -188,9 +188,9 @@ def _lockstep_peer(ours, pools, peer, kv, reqs, lens, steps, seed, dtype=torch.i
             out = peer.out[:len(reqs)]
             pool = pools.device_pool(layer).cpu()
             for b, r in enumerate(reqs):       # the bytes behind upstream's slots
-                live = peer.last_canon[b] >= 0
+                live = peer.last_selection[b] >= 0
                 rows = pool[out[b][live].cpu().long()]
-                pos = peer.last_canon[b][live].cpu().long()
+                pos = peer.last_selection[b][live].cpu().long()
                 assert torch.equal(rows, kv[layer, r, pos])
             totals.append((rep["n_hits"], rep["n_misses"], rep["lru_exact"]))
     return totals
@@ -198,8 +198,7 @@ def _lockstep_peer(ours, pools, peer, kv, reqs, lens, steps, seed, dtype=torch.i
 
 def test_peer_pipeline_with_model_kernel_against_coordinator():
     ours, pools, kv = _pair("cpu")
-    peer = sp.SGLangHiSparsePeer(pools, kernel=sp.ModelSwapInKernel(
-        sp.KernelConfig(ours.top_k, ours.device_buffer_size)))
+    peer = sp.SGLangHiSparsePeer.modelled(pools)
     totals = _lockstep_peer(ours, pools, peer, kv, reqs=[2, 0, 1], lens=[10, 23, 50], steps=5,
                             seed=4, dtype=torch.int64)
     assert sum(m for _, m, _ in totals) > 0 and sum(h for h, _, _ in totals) > 0
@@ -241,8 +240,7 @@ def _free_running(pools, peer, kv, reqs, lens, steps, seed):
 
 def test_peer_free_running_with_model_kernel():
     _, pools, kv = _pair("cpu", L=1)
-    peer = sp.SGLangHiSparsePeer(pools, kernel=sp.ModelSwapInKernel(
-        sp.KernelConfig(pools.top_k, pools.device_buffer_size)))
+    peer = sp.SGLangHiSparsePeer.modelled(pools)
     _free_running(pools, peer, kv, reqs=[1, 0], lens=[20, 40], steps=8, seed=5)
 
 

@@ -994,7 +994,14 @@ class SGLangHiSparsePeer:
         self.num_real = torch.zeros(1, dtype=torch.int32, device=dev)
         self._long_seen = np.zeros(R, dtype=bool)
         self.last_where: Optional[torch.Tensor] = None
-        self.last_canon: Optional[torch.Tensor] = None
+        self.last_selection: Optional[torch.Tensor] = None   # what the kernel last saw
+
+    @classmethod
+    def modelled(cls, pools) -> "SGLangHiSparsePeer":
+        """The peer with ``ModelSwapInKernel`` (upstream's policy in Python) in place of the
+        compiled kernel: runs anywhere, CPU included (tests, ``harness.bench peers --quick``)."""
+        return cls(pools, kernel=ModelSwapInKernel(KernelConfig(pools.top_k,
+                                                                pools.device_buffer_size)))
 
     # ---- state
     def sync_from(self, coord, layers=None, reqs=None) -> None:
@@ -1076,16 +1083,16 @@ class SGLangHiSparsePeer:
             lru_slots=self.lru_slots[layer_id], num_real_reqs=self.num_real,
             item_size_bytes=self.pools.row_bytes, miss_src=self.miss_src[:B],
             miss_dst=self.miss_dst[:B], miss_count=self.miss_count[:B], skip_io=skip_io)
-        self.last_canon = topk_indices
+        self.last_selection = topk_indices
         return out
 
     def last_counts(self) -> Dict[str, torch.Tensor]:
         """``hits`` and ``misses`` (int64 ``[B]``) of the latest call, derived as ours counts
         them: misses = upstream's miss count, hits = distinct valid selections - misses (the
         latest selection met the contract, so its entries >= 0 are distinct and valid)."""
-        B = self.last_canon.shape[0]
+        B = self.last_selection.shape[0]
         misses = self.miss_count[:B].to(torch.int64)
-        distinct = (self.last_canon >= 0).sum(dim=1).to(torch.int64)
+        distinct = (self.last_selection >= 0).sum(dim=1).to(torch.int64)
         return dict(hits=distinct - misses, misses=misses,
                     tokens_loaded=misses, bytes_h2d=misses * self.pools.row_bytes)
 
@@ -1116,7 +1123,7 @@ def compare_step(ours, peer: SGLangHiSparsePeer, req_pool_indices: torch.Tensor,
     su_p, lru_p = (t.cpu() for t in peer.state(layer_id))
     reqs = req_pool_indices.cpu().numpy().astype(np.int64)
     seqs = seq_lens.cpu().numpy().astype(np.int64)
-    canon = peer.last_canon.cpu().numpy()
+    canon = peer.last_selection.cpu().numpy()
     rep = dict(slots=torch.equal(out_ours.cpu(), out_peer.cpu()),
                slot_map=torch.equal(su_o[reqs], su_p[reqs]),
                misses=torch.equal(c_ours["misses"], c_peer["misses"]),

@@ -17,6 +17,7 @@ request between the two sides in (a)-(c) before any timing.
 """
 from __future__ import annotations
 
+import itertools
 from typing import Callable, Dict, List
 
 import numpy as np
@@ -24,24 +25,11 @@ import torch
 
 from backends.hisparse_coordinator import HiSparseCoordinator
 from backends.kernels.sglang_peer import SGLangHiSparsePeer, canonical_selection
-from harness.bench.swap_in import (BenchSizes, _coordinator, _overlap_selections, _random_rows)
+from harness.bench.swap_in import (BenchSizes, _coordinator, _overlap_selections, _random_rows,
+                                   row_error)
 from harness.timing import time_fn
 
 PeerFactory = Callable[[HiSparseCoordinator], SGLangHiSparsePeer]
-
-
-def row_error(c: HiSparseCoordinator, reqs, sel: np.ndarray, out: torch.Tensor) -> float:
-    """Fraction of valid selected entries whose device row (behind ``out``) differs from the
-    host row of that position."""
-    pool = c.device_pool(0).cpu()
-    bad = total = 0
-    for b, r in enumerate(reqs):
-        live = sel[b] >= 0
-        got = pool[out[b].cpu()[torch.from_numpy(live)].long()]
-        want = c.host_kv[0][torch.from_numpy(c.host_rows_of(r, sel[b][live]))].cpu()
-        bad += int((got != want).any(dim=1).sum())
-        total += int(live.sum())
-    return bad / max(total, 1)
 
 
 def _pair(sz: BenchSizes, device, reqs: List[int], seq_len: int, seed: int, peer_factory: PeerFactory):
@@ -172,29 +160,30 @@ def steady_state(sz: BenchSizes, device, peer_factory: PeerFactory) -> Dict:
                ours_rel_err=errs[0], peer_rel_err=errs[1])
     topk = torch.empty_like(sel_t[0])
     canon = torch.empty_like(sel_t[0])
-    cursor = {}
 
-    def replay_ours():        # ours from the recorded state of each timed step
-        i = cursor["o"] = cursor.get("o", sz.burn_in_c - 1) + 1
-        i = sz.burn_in_c + (i - sz.burn_in_c) % len(timed)
-        ours.slot_unit[0].copy_(states[i][0])
-        ours.lru[0].copy_(states[i][1])
-        topk.copy_(sel_t[i])
+    def replay(set_state, canonical: bool = False):
+        """Set-up of one timed call: the next timed step's state (as ours had it) and selection."""
+        calls = itertools.count()
 
-    def replay_peer(key: str, canonical: bool):
         def setup():
-            i = cursor[key] = cursor.get(key, sz.burn_in_c - 1) + 1
-            i = sz.burn_in_c + (i - sz.burn_in_c) % len(timed)
-            peer.load_state(0, *states[i])
+            i = timed[next(calls) % len(timed)]
+            set_state(*states[i])
             topk.copy_(sel_t[i])
             if canonical:
                 canon.copy_(canonical_selection(topk, seq)[0])
         return setup
 
+    def set_ours(slot_unit, lru):
+        ours.slot_unit[0].copy_(slot_unit)
+        ours.lru[0].copy_(lru)
+
+    def set_peer(slot_unit, lru):
+        peer.load_state(0, slot_unit, lru)
+
     return _time_pair(row, device, sz, lambda: ours.swap_in_selected_pages(req, seq, topk, 0),
                       lambda: peer.swap_in(req, seq, topk, 0),
                       lambda: peer.swap_in_direct(req, seq, canon, 0),
-                      (replay_ours, replay_peer("p", False), replay_peer("k", True)))
+                      (replay(set_ours), replay(set_peer), replay(set_peer, canonical=True)))
 
 
 def swap_in_peer_rows(sz: BenchSizes, device, peer_factory: PeerFactory = SGLangHiSparsePeer
