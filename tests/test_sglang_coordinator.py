@@ -31,10 +31,9 @@ def _compose(*overrides):
         return compose(config_name="config", overrides=list(overrides))
 
 
-@pytest.fixture(scope="module")
-def model_point(tmp_path_factory):
-    d = tmp_path_factory.mktemp("sglang_point")
-    cfg = _compose(*POINT, f"selection.record={d}/sel.npz")
+def _run_modelled(d, *overrides):
+    """One harness point in this process, upstream's kernel replaced by its Python model."""
+    cfg = _compose(*POINT, *overrides)
     validate(cfg)
     mp = pytest.MonkeyPatch()
     mp.setattr(hisparse_backend, "make_sglang_peer", sp.SGLangHiSparsePeer.modelled)
@@ -42,6 +41,13 @@ def model_point(tmp_path_factory):
         run_point(cfg, torch.device("cpu"), d, "python -m harness ...", "h")
     finally:
         mp.undo()
+    return results.load(d).iloc[0]
+
+
+@pytest.fixture(scope="module")
+def model_point(tmp_path_factory):
+    d = tmp_path_factory.mktemp("sglang_point")
+    _run_modelled(d, f"selection.record={d}/sel.npz")
     return d
 
 
@@ -124,14 +130,6 @@ def test_trace_breaking_the_contract_is_invalid_before_any_kernel(tmp_path):
 def test_indexer_selection_meets_the_contract_after_each_layer(tmp_path):
     """With the indexer selecting inside the step nothing is checked up front: each layer's
     top-k is checked after the timed region, and the indexer's top-k passes."""
-    cfg = _compose(*POINT, "selection=indexer", "steps=3", "num_layers=1")
-    validate(cfg)
-    mp = pytest.MonkeyPatch()
-    mp.setattr(hisparse_backend, "make_sglang_peer", sp.SGLangHiSparsePeer.modelled)
-    try:
-        run_point(cfg, torch.device("cpu"), tmp_path, "python -m harness ...", "h")
-    finally:
-        mp.undo()
-    row = results.load(tmp_path).iloc[0]
+    row = _run_modelled(tmp_path, "selection=indexer", "steps=3", "num_layers=1")
     assert row["status"] == "ok", row["error"]
     assert row["selection"] == "indexer" and row["coordinator"] == "sglang" and row["misses"] > 0
