@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from harness.kv_format import kv_cache_to_float, kv_dtype_of, row_bytes
+from backends.kernels.kv_format import kv_cache_to_float, kv_dtype_of, row_bytes
 
 
 def convert_req_index_to_global_index_ref(req_id: torch.Tensor, block_table: torch.Tensor,

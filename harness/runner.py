@@ -74,7 +74,7 @@ def make_selection(cfg, trace: Optional[Trace] = None) -> PointInputs:
 
 def base_row(cfg, wl: Optional[Workload], device: torch.device, repro: str, cfg_hash: str) -> Dict:
     """The columns every row of this point shares (parameters, ceilings, provenance)."""
-    from harness.kv_format import row_bytes
+    from backends.kernels.kv_format import row_bytes
     row = {
         "schema_version": results.SCHEMA_VERSION,
         "attention_kernel": cfg.attention_kernel,

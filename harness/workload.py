@@ -19,7 +19,7 @@ from typing import Optional, Tuple
 import numpy as np
 import torch
 
-from harness import kv_format
+from backends.kernels import kv_format
 from harness.config import ModelConfig
 from harness.reference import convert_req_index_to_global_index_ref, sparse_mla_decode_on_slots_ref
 

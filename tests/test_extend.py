@@ -17,7 +17,7 @@ from harness.extend import (EXTEND_STAGES, HISPARSE_INVALID, ExtendStep, ExtendW
                             reference_logits, run_extend_point, selected_positions,
                             shared_block_table)
 from harness.indexer_ref import ragged_transform_ref, topk_ref
-from harness.kv_format import kv_cache_to_float
+from backends.kernels.kv_format import kv_cache_to_float
 from harness.timing import StageTimer
 from harness.validate import ConfigError, check_value, validate
 from harness.workload import lse_error, relative_error

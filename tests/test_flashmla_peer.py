@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from backends.kernels import flashmla_peer as fp
-from harness.kv_format import quantize_fp8_ds_mla
+from backends.kernels.kv_format import quantize_fp8_ds_mla
 from harness.reference import sparse_mla_decode_ref
 
 

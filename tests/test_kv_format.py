@@ -4,7 +4,7 @@ import struct
 import pytest
 import torch
 
-from harness.kv_format import (FP8_MAX, FP8_SCALE_FLOOR, KV_DTYPES, dequantize_fp8_ds_mla,
+from backends.kernels.kv_format import (FP8_MAX, FP8_SCALE_FLOOR, KV_DTYPES, dequantize_fp8_ds_mla,
                                fp8_ds_mla_offsets, fp8_ds_mla_views, kv_cache_to_float,
                                kv_dtype_of, make_kv_cache, quantize_fp8_ds_mla, row_bytes)
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from backends.kernels.sparse_mla_decode import choose_num_splits, sparse_mla_decode
-from harness.kv_format import make_kv_cache
+from backends.kernels.kv_format import make_kv_cache
 from harness.reference import sparse_mla_decode_ref
 
 REL_TOL = 1e-2

@@ -21,7 +21,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from harness.kv_format import kv_dtype_of
+from backends.kernels.kv_format import kv_dtype_of
 
 BLOCK = 64           # rows per block of the fp8 cache view
 DECODE_TOPK_TILE = 64

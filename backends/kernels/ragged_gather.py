@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from harness import kv_format
+from backends.kernels import kv_format
 
 
 @triton.jit

@@ -48,7 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
-from harness.kv_format import FP8_TILE, fp8_ds_mla_offsets, kv_dtype_of, row_bytes
+from backends.kernels.kv_format import FP8_TILE, fp8_ds_mla_offsets, kv_dtype_of, row_bytes
 
 __all__ = ["sparse_mla_decode", "choose_num_splits", "DEFAULT_NUM_SMS"]
 

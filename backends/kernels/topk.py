@@ -65,11 +65,6 @@ def plan_build_count() -> int:
     return _PLAN_BUILDS
 
 
-def reset_plan_build_count() -> None:
-    global _PLAN_BUILDS
-    _PLAN_BUILDS = 0
-
-
 def _next_pow2(x: int) -> int:
     return 1 if x <= 1 else 1 << (int(x) - 1).bit_length()
 

@@ -38,7 +38,7 @@ if not torch.cuda.is_available():          # the CPU smoke run needs the Triton 
 
 from backends.kernels.index_convert import convert_req_index_to_global_index  # noqa: E402
 from backends.kernels.sparse_mla_decode import choose_num_splits, sparse_mla_decode  # noqa: E402
-from harness.kv_format import KV_DTYPES, make_kv_cache, row_bytes  # noqa: E402
+from backends.kernels.kv_format import KV_DTYPES, make_kv_cache, row_bytes  # noqa: E402
 from harness.reference import (convert_req_index_to_global_index_ref,  # noqa: E402
                                sparse_mla_decode_ref)
 from harness.timing import capture_graph, time_fn  # noqa: E402

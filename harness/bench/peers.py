@@ -34,7 +34,7 @@ from backends.kernels.sparse_mla_decode import sparse_mla_decode
 from harness.bench.attention import Pool, _topk_local, flops
 from harness.bench.swap_in import QUICK, BenchSizes
 from harness.bench.swap_in_peer import swap_in_peer_rows
-from harness.kv_format import KV_DTYPES
+from backends.kernels.kv_format import KV_DTYPES
 from backends.kernels.sglang_peer import SGLangHiSparsePeer
 from backends.kernels.vllm_peer import vllm_convert_kernel, vllm_convert_req_index_to_global_index
 from harness.reference import convert_req_index_to_global_index_ref, sparse_mla_decode_ref

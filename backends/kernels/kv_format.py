@@ -61,12 +61,6 @@ def _check_dims(kv_dtype: str, d_nope: int, d_rope: int) -> None:
             raise ValueError(f"fp8_ds_mla needs an even d_rope (4-byte aligned rows), got {d_rope}")
 
 
-def num_scales(d_nope: int) -> int:
-    """Number of float32 scales per ``fp8_ds_mla`` row (one per 128 NoPE values)."""
-    _check_dims("fp8_ds_mla", d_nope, 0)
-    return d_nope // FP8_TILE
-
-
 def row_bytes(kv_dtype: str, d_nope: int, d_rope: int) -> int:
     """Bytes of one KV row (one token slot) in ``kv_dtype``.
 
