@@ -93,7 +93,7 @@ from backends.kernels.ragged_gather import ragged_gather
 from harness import results
 from backends.kernels import kv_format
 from harness.config import ModelConfig
-from harness.index_cache import IndexKeyCache, IndexKeyFormat
+from backends.kernels.index_cache import IndexKeyCache, IndexKeyFormat
 from harness.reference import convert_req_index_to_global_index_ref, sparse_mla_decode_on_slots_ref
 from harness.selection import distinct_counts
 from harness.timing import StageTimer

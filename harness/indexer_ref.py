@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from harness.index_cache import IndexKeyCache, dequantize_fp8_keys
+from backends.kernels.index_cache import IndexKeyCache, dequantize_fp8_keys
 
 
 def indexer_scores_ref(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:

@@ -183,7 +183,7 @@ def test_topk_matches_torch_indexer_reference(ew_fp8, layer_run):
 def test_padded_index_heads_add_nothing(device):
     """4 index heads zero-padded to the kernel's 16 give the unpadded reference logits."""
     from backends.kernels.indexer import indexer_logits_ragged
-    from harness.index_cache import quantize_index_keys
+    from backends.kernels.index_cache import quantize_index_keys
     from harness.indexer_ref import indexer_logits_ragged_ref
     g = torch.Generator().manual_seed(5)
     q = torch.randn(3, 4, 64, generator=g).to(torch.bfloat16)

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from harness.index_cache import (FP8_MAX, SCALE_FLOOR, IndexKeyCache, IndexKeyFormat,
+from backends.kernels.index_cache import (FP8_MAX, SCALE_FLOOR, IndexKeyCache, IndexKeyFormat,
                                  dequantize_fp8_keys, quantize_index_keys, slots_for_positions)
 
 

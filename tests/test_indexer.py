@@ -4,7 +4,7 @@ import torch
 
 from backends.kernels.indexer import (indexer_logits_paged, indexer_logits_ragged,
                                       validate_indexer_paged_inputs)
-from harness.index_cache import IndexKeyCache, quantize_index_keys
+from backends.kernels.index_cache import IndexKeyCache, quantize_index_keys
 from harness.indexer_ref import indexer_logits_paged_ref, indexer_logits_ragged_ref
 
 

@@ -6,7 +6,7 @@ from backends.kernels.indexer import indexer_logits_ragged
 from backends.kernels.topk import plan_build_count, plan_topk, topk_per_row
 from backends.kernels.topk_transform import (IndexerMetadata, TopkTransformMethod, topk_transform,
                                              transform_topk_positions)
-from harness.index_cache import quantize_index_keys
+from backends.kernels.index_cache import quantize_index_keys
 from harness.indexer_ref import (indexer_logits_ragged_ref, paged_transform_ref,
                                  ragged_transform_ref, topk_ref)
 

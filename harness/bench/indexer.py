@@ -34,7 +34,7 @@ from backends.kernels import topk as topk_mod  # noqa: E402
 from backends.kernels.indexer import indexer_logits_paged  # noqa: E402
 from backends.kernels.topk import plan_topk, topk_per_row  # noqa: E402
 from backends.kernels.topk_transform import TopkTransformMethod, topk_transform  # noqa: E402
-from harness.index_cache import IndexKeyCache  # noqa: E402
+from backends.kernels.index_cache import IndexKeyCache  # noqa: E402
 from harness.indexer_ref import indexer_logits_paged_ref, paged_transform_ref  # noqa: E402
 from harness.timing import capture_graph, time_fn  # noqa: E402
 

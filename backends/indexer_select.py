@@ -21,7 +21,7 @@ import torch
 from backends.kernels.indexer import indexer_logits_paged
 from backends.kernels.topk import plan_build_count
 from backends.kernels.topk_transform import IndexerMetadata
-from harness.index_cache import IndexKeyCache
+from backends.kernels.index_cache import IndexKeyCache
 from harness.indexer_ref import indexer_logits_paged_ref
 from harness.timing import StageTimer
 from harness.workload import Workload, seeded_generator
