@@ -38,6 +38,17 @@ class ModelConfig:
     sm_scale: float = 0.07216878364870323  # softmax scale (192 ** -0.5 for DeepSeek-V3.2)
     context_len: int = 32768      # default context for runs of this model
     batch_size: int = 32          # default batch for runs of this model
+    # The rest of a MoE decode layer (harness/rest_of_layer.py); kv_lora_rank = d_nope,
+    # qk_rope_head_dim = d_rope, index_n_heads = index_heads, index_head_dim = index_dim.
+    # Source: DeepSeek-V3.2-Exp inference/config_671B_v3.2.json (dim, q_lora_rank, ...).
+    hidden_size: int = 7168       # model width ("dim")
+    q_lora_rank: int = 1536       # query latent rank (wq_a output)
+    qk_nope_head_dim: int = 128   # per-head no-RoPE query/key dims (before W_UK absorption)
+    v_head_dim: int = 128         # per-head value dims (W_UV output)
+    moe_intermediate_size: int = 2048  # one expert's intermediate width ("moe_inter_dim")
+    n_routed_experts: int = 256   # routed experts per MoE layer
+    num_experts_per_tok: int = 8  # routed experts per token ("n_activated_experts")
+    n_shared_experts: int = 1     # shared experts (each of moe_intermediate_size)
 
     @property
     def d_qk(self) -> int:
