@@ -77,41 +77,33 @@ def _lower_bound(table_ptr, n, key, STEPS: tl.constexpr):
 
 
 @triton.jit
-def resolve_swap_in_kernel(
-    req_idx_ptr, seq_lens_ptr, topk_ptr, topk_stride,
-    slot_unit_ptr, lru_ptr,
-    host_table_ptr, host_table_stride,
-    out_ptr, out_stride,
-    plan_ptr, plan_stride,
-    counts_ptr, counts_stride,
-    scratch_ptr, scratch_stride,
-    K, C, D, SLOTS_PER_REQ, ROW_BYTES, MAX_MISSES,
-    UNIT: tl.constexpr, PAGE: tl.constexpr, PAGE_MODE: tl.constexpr,
+def resolve_hot_selection(
+    pos, valid, skip, seq, row, base,
+    slot_unit_ptr, lru_ptr, host_page_row_ptr, plan, scr,
+    K, C, D, MAX_MISSES,
+    UNIT: tl.constexpr, PAGE: tl.constexpr,
     K_PAD: tl.constexpr, LOG_K_PAD: tl.constexpr, BLOCK_C: tl.constexpr,
     SEARCH_STEPS: tl.constexpr,
 ):
-    """One program per batch row: resolves a top-k selection against the hot buffer.
+    """Hit detection, exact LRU update and miss -> slot assignment of one batch row's selection
+    against its hot buffer (steps 1-3 of the swap-in; the semantics of
+    ``backends/hisparse_coordinator.py``).
 
-    Inputs (device tensors):
-      req_idx_ptr   [B] int32/int64   request pool index of each batch row
-      seq_lens_ptr  [B] int32/int64   sequence length including the newest token
-      topk_ptr      [B, K] int32      request-local positions, -1 padded (>= seq_len treated as -1)
-      slot_unit_ptr [max_reqs, C] int32  unit held by each hot slot (-1 empty), this layer
-      lru_ptr       [max_reqs, C] int32  permutation of hot slots, least recent first, this layer
-      host_table_ptr [max_reqs, max_pages] int32  logical page -> host page
-    Outputs:
-      out_ptr       [B, K] int32      global device row of each entry, -1 for -1
-      plan_ptr      [B, 1 + 2*MAX_MISSES] int32  miss plan (module docstring)
-      counts_ptr    [B, NUM_COUNT_FIELDS] int64
-    Scratch: [B, 3*K_PAD + C] int32 (sorted keys, unique units, slot per unique unit, evictables).
+    Blocks ``[K_PAD]``: ``pos`` int32 positions (-1 past ``K``), ``valid`` (position in
+    ``[0, seq)``), ``skip`` (valid entries served elsewhere, e.g. from a resident page: they take
+    no part in the LRU, and are not the newest unit). Scalars: ``seq`` the sequence length,
+    ``row`` int64 offset of the request's ``[C]`` row in ``slot_unit`` / ``lru``, ``base`` its
+    first device row. ``host_page_row_ptr``: the request's row of the host page table (logical
+    page -> host page); ``plan``: its miss-plan row (written: count, host rows, device rows);
+    ``scr``: its scratch row ``[3*K_PAD + C]`` (sorted keys, unique units, slot per unique unit,
+    evictable slots). The LRU is neither read nor written when no unit needs it.
+
+    Returns ``(unit, is_newest, long_blk, is_long, n_uniq, n_live, n_hit, n_miss, newest_hit,
+    overflow)``: per entry its unit and whether it is the newest unit (in the reserved page);
+    ``long_blk`` / ``is_long`` the request is long (``seq > D``) as a block / scalar; counts of
+    unique non-newest units, of those resolved (``n_live``; 0 on overflow or short), hits and
+    misses among them, whether the newest unit was selected, and the page-mode overflow flag.
     """
-    b = tl.program_id(0)
-    req = tl.load(req_idx_ptr + b).to(tl.int32)
-    seq = tl.load(seq_lens_ptr + b).to(tl.int32)
-    base = req * SLOTS_PER_REQ
-    row = req.to(tl.int64) * C
-
-    scr = scratch_ptr + b.to(tl.int64) * scratch_stride
     s_sorted = scr
     s_uniq = scr + K_PAD
     s_uslot = scr + 2 * K_PAD
@@ -119,15 +111,13 @@ def resolve_swap_in_kernel(
 
     # ---- 1. selection -> sorted unique units (the newest unit of a long request is excluded) --
     offs = tl.arange(0, K_PAD)
-    pos = tl.load(topk_ptr + b.to(tl.int64) * topk_stride + offs, mask=offs < K, other=-1)
-    valid = (pos >= 0) & (pos < seq)
     unit = tl.where(valid, pos // UNIT, -1)
     # (block & scalar-bool is avoided: the Triton interpreter mistypes it)
     is_long = seq > D
     long_blk = (pos * 0 + seq) > D
     newest_unit = tl.where(is_long, (seq - 1) // UNIT, -2)
-    is_newest = valid & (unit == newest_unit)
-    key = tl.where(valid & ~is_newest, unit, SENTINEL)
+    is_newest = valid & ~skip & (unit == newest_unit)
+    key = tl.where(valid & ~skip & ~is_newest, unit, SENTINEL)
     srt = sort_ascending(key, K_PAD, LOG_K_PAD)
     tl.store(s_sorted + offs, srt)
     tl.store(s_uslot + offs, tl.full([K_PAD], -1, tl.int32))
@@ -139,7 +129,8 @@ def resolve_swap_in_kernel(
     tl.store(s_uniq + tl.cumsum(first_i, axis=0) - 1, srt, mask=first)
     newest_hit = (tl.sum(is_newest.to(tl.int32), axis=0) > 0).to(tl.int32)
     overflow = is_long & (n_uniq > C)
-    do_long = is_long & (n_uniq <= C)
+    # no unit to resolve: hits, misses and the LRU order are unchanged, so the LRU is not touched
+    do_long = is_long & (n_uniq <= C) & (n_uniq > 0)
     tl.debug_barrier()
 
     # ---- 2. walk the hot buffer in LRU order: hits and evictable slots ------------------------
@@ -187,16 +178,29 @@ def resolve_swap_in_kernel(
         tl.store(lru_ptr + row + r - n_miss, s, mask=m)
 
     first_pos = uu * UNIT
-    host_page = tl.load(host_table_ptr + req.to(tl.int64) * host_table_stride + first_pos // PAGE,
-                        mask=is_miss, other=0)
-    plan = plan_ptr + b.to(tl.int64) * plan_stride
+    host_page = tl.load(host_page_row_ptr + first_pos // PAGE, mask=is_miss, other=0)
     tl.store(plan + 1 + miss_rank, host_page * PAGE + first_pos % PAGE, mask=is_miss)
     tl.store(plan + 1 + MAX_MISSES + miss_rank, base + miss_slot * UNIT, mask=is_miss)
     tl.store(plan, n_miss)
     tl.debug_barrier()
+    return (unit, is_newest, long_blk, is_long, n_uniq, n_live, n_hit, n_miss, newest_hit,
+            overflow)
 
-    # ---- 4. output slot table --------------------------------------------------------------
-    regular = valid & long_blk & ~is_newest
+
+@triton.jit
+def hot_buffer_rows(
+    pos, unit, valid, skip, is_newest, long_blk, is_long, overflow, base, scr, n_uniq, n_live, D,
+    UNIT: tl.constexpr, PAGE: tl.constexpr, PAGE_MODE: tl.constexpr, K_PAD: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr,
+):
+    """Step 4 of the swap-in: the device row of each entry after ``resolve_hot_selection``
+    (same arguments; ``scr`` its scratch row): a long request's units through their hot slot,
+    its newest unit in the reserved page, a short request's position ``p`` at ``base + p``;
+    -1 for invalid entries and on overflow. Entries in ``skip`` get a meaningless value (the
+    caller serves them)."""
+    s_uniq = scr + K_PAD
+    s_uslot = scr + 2 * K_PAD
+    regular = valid & ~skip & long_blk & ~is_newest
     e_idx = _lower_bound(s_uniq, n_uniq, tl.where(regular, unit, SENTINEL), SEARCH_STEPS)
     e_slot = tl.load(s_uslot + e_idx, mask=regular & (e_idx < n_live), other=0)
     long_out = base + e_slot * UNIT + pos % UNIT
@@ -207,7 +211,61 @@ def resolve_swap_in_kernel(
     res = tl.where(is_newest, newest_out, long_out)
     res = tl.where(overflow, -1, res)
     res = tl.where(is_long, res, base + pos)
-    res = tl.where(valid, res, -1)
+    return tl.where(valid, res, -1)
+
+
+@triton.jit
+def resolve_swap_in_kernel(
+    req_idx_ptr, seq_lens_ptr, topk_ptr, topk_stride,
+    slot_unit_ptr, lru_ptr,
+    host_table_ptr, host_table_stride,
+    out_ptr, out_stride,
+    plan_ptr, plan_stride,
+    counts_ptr, counts_stride,
+    scratch_ptr, scratch_stride,
+    K, C, D, SLOTS_PER_REQ, ROW_BYTES, MAX_MISSES,
+    UNIT: tl.constexpr, PAGE: tl.constexpr, PAGE_MODE: tl.constexpr,
+    K_PAD: tl.constexpr, LOG_K_PAD: tl.constexpr, BLOCK_C: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr,
+):
+    """One program per batch row: resolves a top-k selection against the hot buffer.
+
+    Inputs (device tensors):
+      req_idx_ptr   [B] int32/int64   request pool index of each batch row
+      seq_lens_ptr  [B] int32/int64   sequence length including the newest token
+      topk_ptr      [B, K] int32      request-local positions, -1 padded (>= seq_len treated as -1)
+      slot_unit_ptr [max_reqs, C] int32  unit held by each hot slot (-1 empty), this layer
+      lru_ptr       [max_reqs, C] int32  permutation of hot slots, least recent first, this layer
+      host_table_ptr [max_reqs, max_pages] int32  logical page -> host page
+    Outputs:
+      out_ptr       [B, K] int32      global device row of each entry, -1 for -1
+      plan_ptr      [B, 1 + 2*MAX_MISSES] int32  miss plan (module docstring)
+      counts_ptr    [B, NUM_COUNT_FIELDS] int64
+    Scratch: [B, 3*K_PAD + C] int32 (sorted keys, unique units, slot per unique unit, evictables).
+    """
+    b = tl.program_id(0)
+    req = tl.load(req_idx_ptr + b).to(tl.int32)
+    seq = tl.load(seq_lens_ptr + b).to(tl.int32)
+    base = req * SLOTS_PER_REQ
+    row = req.to(tl.int64) * C
+    scr = scratch_ptr + b.to(tl.int64) * scratch_stride
+
+    offs = tl.arange(0, K_PAD)
+    pos = tl.load(topk_ptr + b.to(tl.int64) * topk_stride + offs, mask=offs < K, other=-1)
+    valid = (pos >= 0) & (pos < seq)
+    none = offs < 0
+    unit, is_newest, long_blk, is_long, n_uniq, n_live, n_hit, n_miss, newest_hit, overflow = \
+        resolve_hot_selection(
+            pos, valid, none, seq, row, base, slot_unit_ptr, lru_ptr,
+            host_table_ptr + req.to(tl.int64) * host_table_stride,
+            plan_ptr + b.to(tl.int64) * plan_stride, scr, K, C, D, MAX_MISSES,
+            UNIT=UNIT, PAGE=PAGE, K_PAD=K_PAD, LOG_K_PAD=LOG_K_PAD, BLOCK_C=BLOCK_C,
+            SEARCH_STEPS=SEARCH_STEPS)
+
+    # ---- 4. output slot table --------------------------------------------------------------
+    res = hot_buffer_rows(pos, unit, valid, none, is_newest, long_blk, is_long, overflow, base,
+                          scr, n_uniq, n_live, D, UNIT=UNIT, PAGE=PAGE, PAGE_MODE=PAGE_MODE,
+                          K_PAD=K_PAD, SEARCH_STEPS=SEARCH_STEPS)
     tl.store(out_ptr + b.to(tl.int64) * out_stride + offs, res, mask=offs < K)
 
     # ---- 5. counts ------------------------------------------------------------------------
@@ -228,6 +286,23 @@ def resolve_swap_in_kernel(
 
 
 @triton.jit
+def copy_row_tile(src_pool_ptr, dst_pool_ptr, src, dst, live,
+                  WORDS: tl.constexpr, VEC: tl.constexpr, GROUP_BLOCK: tl.constexpr):
+    """Copies rows ``dst_pool[dst[i]] = src_pool[src[i]]`` for the ``live`` entries of the int64
+    blocks ``src`` / ``dst``; both pools viewed as ``WORDS`` words a row. A row is ``WORDS / VEC``
+    groups of ``VEC`` words; the tile is [rows, GROUP_BLOCK, VEC] with the mask on groups only,
+    so each thread moves whole 16-byte groups (vector loads) when ``VEC * word`` is 16 bytes,
+    and all rows of the tile are in flight together. ``src_pool_ptr`` may be pinned host memory
+    (read in place over UVA on the GPU)."""
+    g = tl.arange(0, GROUP_BLOCK)
+    v = tl.arange(0, VEC)
+    word = g[None, :, None] * VEC + v[None, None, :]
+    m = live[:, None, None] & (g[None, :, None] < WORDS // VEC)
+    x = tl.load(src_pool_ptr + src[:, None, None] * WORDS + word, mask=m)
+    tl.store(dst_pool_ptr + dst[:, None, None] * WORDS + word, x, mask=m)
+
+
+@triton.jit
 def copy_planned_rows_kernel(
     src_pool_ptr, dst_pool_ptr, plan_ptr, plan_stride, MAX_MISSES,
     UNIT_ROWS: tl.constexpr, WORDS: tl.constexpr, VEC: tl.constexpr, GROUP_BLOCK: tl.constexpr,
@@ -238,10 +313,7 @@ def copy_planned_rows_kernel(
     Grid ``(B, cdiv(MAX_MISSES * UNIT_ROWS, ROWS))``; programs past a row's miss count do nothing,
     so the grid does not depend on the (device-resident) counts and no host sync is needed.
     ``src_pool_ptr``: the layer's host rows (pinned CPU memory read in place over UVA on the GPU),
-    ``dst_pool_ptr``: the layer's device rows; both viewed as ``WORDS`` words a row. A row is
-    ``WORDS / VEC`` groups of ``VEC`` words; the tile is [ROWS, GROUP_BLOCK, VEC] with the mask
-    on groups only, so each thread moves whole 16-byte groups (vector loads) when
-    ``VEC * word`` is 16 bytes, and all ``ROWS`` rows of a program are in flight together.
+    ``dst_pool_ptr``: the layer's device rows; the row copy is ``copy_row_tile``.
     """
     b = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -253,12 +325,7 @@ def copy_planned_rows_kernel(
     k = r % UNIT_ROWS
     src = tl.load(plan + 1 + j, mask=live, other=0).to(tl.int64) + k
     dst = tl.load(plan + 1 + MAX_MISSES + j, mask=live, other=0).to(tl.int64) + k
-    g = tl.arange(0, GROUP_BLOCK)
-    v = tl.arange(0, VEC)
-    word = g[None, :, None] * VEC + v[None, None, :]
-    m = live[:, None, None] & (g[None, :, None] < WORDS // VEC)
-    x = tl.load(src_pool_ptr + src[:, None, None] * WORDS + word, mask=m)
-    tl.store(dst_pool_ptr + dst[:, None, None] * WORDS + word, x, mask=m)
+    copy_row_tile(src_pool_ptr, dst_pool_ptr, src, dst, live, WORDS, VEC, GROUP_BLOCK)
 
 
 def next_pow2(n: int) -> int:
