@@ -13,6 +13,7 @@ from cli import run_harness
 from harness import results
 from harness.config import CONF_DIR
 from harness.lru_model import CoordinatorModel
+from harness.sglang_model import UpstreamHotBuffer, modelled_peer
 from harness.runner import run_point
 from harness.selection import Trace
 from harness.validate import validate
@@ -36,7 +37,7 @@ def _run_modelled(d, *overrides):
     cfg = _compose(*POINT, *overrides)
     validate(cfg)
     mp = pytest.MonkeyPatch()
-    mp.setattr(hisparse_backend, "make_sglang_peer", sp.SGLangHiSparsePeer.modelled)
+    mp.setattr(hisparse_backend, "make_sglang_peer", modelled_peer)
     try:
         run_point(cfg, torch.device("cpu"), d, "python -m harness ...", "h")
     finally:
@@ -74,7 +75,7 @@ def test_counts_equal_an_independent_replay_of_upstream_policy(model_point):
         for b, n in enumerate(seqs):
             if b not in long_seen:       # the peer takes the grown buffers until a request is long
                 for layer in range(layers):
-                    models[layer, b] = sp.UpstreamHotBuffer.from_model(growth.buffer(layer, b))
+                    models[layer, b] = UpstreamHotBuffer.from_model(growth.buffer(layer, b))
             if n > D:
                 long_seen.add(b)
         for layer in range(layers):

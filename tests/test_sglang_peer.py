@@ -1,4 +1,5 @@
-"""SGLang's HiSparse swap-in kernel as a peer (backends/kernels/sglang_peer.py).
+"""SGLang's HiSparse swap-in kernel as a peer (backends/kernels/sglang_peer/; the model of
+upstream's kernel and the lockstep comparison: harness/sglang_model.py).
 
 CPU: the state mapping (ours <-> upstream's buffers) round-trips against harness/lru_model.py,
 the pure-Python model of upstream's policy agrees with ours in lockstep (and differs, free
@@ -15,6 +16,7 @@ import torch
 from backends.hisparse_coordinator import HiSparseCoordinator
 from backends.kernels import sglang_peer as sp
 from backends.kernels.flashmla_peer import PeerUnavailable, PeerUnsupported
+from harness import sglang_model as sm
 from harness.lru_model import CoordinatorModel, HotBufferModel
 
 
@@ -107,7 +109,7 @@ def _lockstep(D, P, K, seqs, steps, seed):
         for b, s0 in enumerate(seqs):
             s = s0 + step
             ours[b].begin_step(s)
-            up = sp.UpstreamHotBuffer.from_model(ours[b])
+            up = sm.UpstreamHotBuffer.from_model(ours[b])
             sel = _random_sel(rng, s, K).tolist()
             if step % 3 == 2 and s > D:                       # mostly resident: many hits
                 res = [u for u in ours[b].slot_unit if u >= 0]
@@ -136,7 +138,7 @@ def test_free_running_hit_order_changes_later_misses():
     D, seq = 4, 100                                     # top_k 3
     ours = HotBufferModel(D, 1, "token")
     ours.prefill(seq)                                   # slots hold 0..3, LRU [0, 1, 2, 3]
-    up = sp.UpstreamHotBuffer.from_model(ours)
+    up = sm.UpstreamHotBuffer.from_model(ours)
     trace = [[0, -1, -1], [0, 1, -1], [10, 11, 12], [0, -1, -1]]
     got = [(ours.step(seq, s).misses, up.step(seq, s).misses) for s in trace]
     assert ours.lru != up.lru
@@ -144,12 +146,12 @@ def test_free_running_hit_order_changes_later_misses():
 
 
 def test_upstream_model_refuses_duplicates_and_keeps_untouched_outputs():
-    up = sp.UpstreamHotBuffer(4, [0, 1, 2, 3], [0, 1, 2, 3])
+    up = sm.UpstreamHotBuffer(4, [0, 1, 2, 3], [0, 1, 2, 3])
     with pytest.raises(ValueError, match="duplicate"):
         up.step(50, [7, 7, -1])
     st = up.step(50, [1, -1, 49])
     assert st.offsets == [1, None, 4] and st.hits == 2 and st.misses == 0
-    short = sp.UpstreamHotBuffer(8).step(3, [2, 0, 1, 5])   # count = min(seq, K) = 3
+    short = sm.UpstreamHotBuffer(8).step(3, [2, 0, 1, 5])   # count = min(seq, K) = 3
     assert short.offsets == [2, 0, 1, -1]
 
 
@@ -179,7 +181,7 @@ def _lockstep_peer(ours, pools, peer, kv, reqs, lens, steps, seed, dtype=torch.i
             c.begin_step(reqs, seqs)
         sel = np.stack([_random_sel(rng, s, ours.top_k) for s in seqs])
         for layer in range(ours.num_layers):
-            rep = sp.compare_step(ours, peer, torch.tensor(reqs, dtype=dtype, device=dev),
+            rep = sm.compare_step(ours, peer, torch.tensor(reqs, dtype=dtype, device=dev),
                                   torch.tensor(seqs, dtype=dtype, device=dev),
                                   torch.tensor(sel, dtype=torch.int32, device=dev), layer)
             bad = [k for k in ("slots", "slot_map", "misses", "hits", "pool", "lru_prefix",
@@ -198,7 +200,7 @@ def _lockstep_peer(ours, pools, peer, kv, reqs, lens, steps, seed, dtype=torch.i
 
 def test_peer_pipeline_with_model_kernel_against_coordinator():
     ours, pools, kv = _pair("cpu")
-    peer = sp.SGLangHiSparsePeer.modelled(pools)
+    peer = sm.modelled_peer(pools)
     totals = _lockstep_peer(ours, pools, peer, kv, reqs=[2, 0, 1], lens=[10, 23, 50], steps=5,
                             seed=4, dtype=torch.int64)
     assert sum(m for _, m, _ in totals) > 0 and sum(h for h, _, _ in totals) > 0
@@ -214,7 +216,7 @@ def _free_running(pools, peer, kv, reqs, lens, steps, seed):
     peer.prefill(reqs)
     growth = CoordinatorModel(1, D, pools.page_size, "token")
     growth.prefill(reqs, lens)
-    models = {r: sp.UpstreamHotBuffer.from_model(growth.buffer(0, r)) for r in reqs}
+    models = {r: sm.UpstreamHotBuffer.from_model(growth.buffer(0, r)) for r in reqs}
     rng = np.random.default_rng(seed)
     for step in range(steps):
         seqs = [n + 1 + step for n in lens]
@@ -229,7 +231,7 @@ def _free_running(pools, peer, kv, reqs, lens, steps, seed):
         pool = pools.device_pool(0).cpu()
         for b, (r, s) in enumerate(zip(reqs, seqs)):
             if s <= D + 1:                      # not long before this step: grown in order
-                models[r] = sp.UpstreamHotBuffer.from_model(growth.buffer(0, r))
+                models[r] = sm.UpstreamHotBuffer.from_model(growth.buffer(0, r))
             st = models[r].step(s, _canon_row(sel[b], s, K))
             assert int(misses[b]) == st.misses
             assert su[r].tolist() == models[r].tokens and lru[r].tolist() == models[r].lru
@@ -240,7 +242,7 @@ def _free_running(pools, peer, kv, reqs, lens, steps, seed):
 
 def test_peer_free_running_with_model_kernel():
     _, pools, kv = _pair("cpu", L=1)
-    peer = sp.SGLangHiSparsePeer.modelled(pools)
+    peer = sm.modelled_peer(pools)
     _free_running(pools, peer, kv, reqs=[1, 0], lens=[20, 40], steps=8, seed=5)
 
 
@@ -294,7 +296,7 @@ def test_without_cuda_peer_unavailable():
                              top_k=4, device_buffer_size=8, page_size=4, device="cpu",
                              load_granularity="page")
     with pytest.raises(PeerUnsupported, match="token-granular"):
-        sp.SGLangHiSparsePeer(pc, kernel=sp.ModelSwapInKernel(sp.KernelConfig(4, 8)))
+        sp.SGLangHiSparsePeer(pc, kernel=sm.ModelSwapInKernel(sp.KernelConfig(4, 8)))
 
 
 @pytest.mark.slow
@@ -360,7 +362,7 @@ def test_gpu_lockstep_dsv32_size():
                 np.concatenate([prev[b][:1200], rng.permutation(s)[:K - 1200]])
             prev[b] = row
             sel.append(row)
-        rep = sp.compare_step(ours, peer, torch.tensor(reqs, device="cuda"),
+        rep = sm.compare_step(ours, peer, torch.tensor(reqs, device="cuda"),
                               torch.tensor(seq, device="cuda"),
                               torch.tensor(np.stack(sel), dtype=torch.int32, device="cuda"), 0)
         bad = [k for k in ("slots", "slot_map", "misses", "hits", "pool", "lru_prefix",

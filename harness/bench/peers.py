@@ -35,7 +35,7 @@ from harness.bench.attention import Pool, _topk_local, flops
 from harness.bench.swap_in import QUICK, BenchSizes
 from harness.bench.swap_in_peer import swap_in_peer_rows
 from backends.kernels.kv_format import KV_DTYPES
-from backends.kernels.sglang_peer import SGLangHiSparsePeer
+from harness.sglang_model import modelled_peer
 from backends.kernels.vllm_peer import vllm_convert_kernel, vllm_convert_req_index_to_global_index
 from harness.reference import convert_req_index_to_global_index_ref, sparse_mla_decode_ref
 from harness.timing import time_fn
@@ -117,7 +117,7 @@ def convert_rows(repeats: int) -> List[Dict]:
 def swap_in_rows(quick: bool) -> List[Dict]:
     """Our swap-in vs SGLang's kernel (the model of it when ``quick``)."""
     if quick:
-        rows = swap_in_peer_rows(QUICK, torch.device("cpu"), SGLangHiSparsePeer.modelled)
+        rows = swap_in_peer_rows(QUICK, torch.device("cpu"), modelled_peer)
         return [{**r, "peer": "sglang (Python model: not a timing)"} for r in rows]
     try:
         return swap_in_peer_rows(BenchSizes(), torch.device("cuda"))
