@@ -1,12 +1,16 @@
 """Backend adapters. Each backend serves the same top-k selection its own way behind one
-interface (``backends.base.Backend``); the registry maps a config name to its class, imported
-lazily so that choosing a device (and the Triton interpreter) happens before any kernel module
-is imported.
+interface (``backends.base.Backend``) and declares its settings, stages, columns and report
+variant axes on its class; the registry below maps a config name to that class. Registering a
+backend is one line here.
+
+Kernel modules are imported with the backend modules, so the Triton mode (compiled or
+interpreted, ``TRITON_INTERPRET``) must be chosen before ``backend_class`` is first called
+(``harness.device.choose_triton_mode``).
 """
 from __future__ import annotations
 
 import importlib
-from typing import Dict, Type
+from typing import Dict, List, Type
 
 #: backend name -> "module:Class"
 BACKENDS: Dict[str, str] = {
@@ -21,3 +25,8 @@ def backend_class(name: str) -> Type:
         raise KeyError(f"backend={name!r}: allowed {sorted(BACKENDS)} or 'all'")
     module, cls = BACKENDS[name].split(":")
     return getattr(importlib.import_module(module), cls)
+
+
+def backend_classes() -> List[Type]:
+    """Every registered adapter class, in name order."""
+    return [backend_class(n) for n in sorted(BACKENDS)]

@@ -13,6 +13,8 @@ import torch
 from backends.base import BackendInvalid, BackendUnavailable
 
 AttentionFn = Callable[..., Tuple[torch.Tensor, torch.Tensor]]
+#: ``attention_kernel``: ours, or FlashMLA's (optional extra)
+ATTENTION_KERNELS = ("triton", "flashmla")
 
 
 def resolve_attention(name: str, device: torch.device, num_heads: int, d_qk: int, d_v: int,
@@ -33,4 +35,4 @@ def resolve_attention(name: str, device: torch.device, num_heads: int, d_qk: int
         except PeerUnsupported as e:
             raise BackendInvalid(str(e)) from e
         return fn
-    raise BackendInvalid(f"attention_kernel={name!r}: allowed triton, flashmla")
+    raise BackendInvalid(f"attention_kernel={name!r}: allowed {', '.join(ATTENTION_KERNELS)}")

@@ -1,21 +1,29 @@
-"""The adapter interface every backend implements.
+"""The adapter interface every backend implements, and what each backend declares about itself.
+
+A serving design lives in one module under ``backends/``: its settings dataclass (``settings``,
+composed by Hydra under the design's own config group, e.g. ``hisparse.*``), the values those
+settings may take (``choices``), the timed stages of its layer step (``stages``), its result
+columns (``columns``) and the columns that make report variants of it (``variant_axes``). The
+harness reads these declarations for validation, result schema and report: adding a backend is
+one module plus one line in ``backends/__init__.py``.
 
 Set-up (pools, block tables, pinned host memory, hot buffers) happens in ``__init__`` /
-``prefill`` / ``begin_step``, outside the timed region. ``decode_layer`` is the measured part:
-it runs the backend's stages for one layer of one decode step through ``timer.run(stage, fn)``
-so each stage is timed on its own. Counts that need a device read-back are collected by
-``layer_counts`` after the timed region.
+``prefill`` / ``begin_step``, outside the timed region. ``decode_layer`` (and ``extend_layer``
+for a design that serves the extend phase) is the measured part: it runs the backend's stages
+for one layer through ``timer.run(stage, fn)`` so each stage is timed on its own. Counts that
+need a device read-back are collected by ``layer_counts`` after the timed region.
+
+Nothing here imports the harness: a workload is any object with the attributes the backends
+read (``harness.scenarios`` builds them), a timer any object with ``run(stage, fn)``.
 """
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from typing import ClassVar, Dict, Optional, Tuple
+import dataclasses
+from abc import ABC
+from typing import Any, ClassVar, Dict, Optional, Protocol, Tuple
 
 import numpy as np
 import torch
-
-from harness.timing import StageTimer
-from harness.workload import Workload
 
 
 class BackendInvalid(Exception):
@@ -26,17 +34,84 @@ class BackendUnavailable(Exception):
     """An optional dependency or hardware feature is missing (``status=unavailable``)."""
 
 
+class ConfigError(ValueError):
+    """An invalid configuration value: names the field, the value and what is allowed."""
+
+    def __init__(self, field: str, value, allowed: str):
+        self.field, self.value, self.allowed = field, value, allowed
+        super().__init__(f"invalid configuration: {field}={value!r}: {allowed}")
+
+
+class StageRunner(Protocol):
+    """What a backend needs of a timer: runs ``fn`` as the stage ``stage`` and returns its result."""
+
+    def run(self, stage: str, fn) -> Any: ...
+
+
+#: the phases a layer step can belong to (``decode_layer`` / ``extend_layer``)
+PHASES = ("decode", "extend")
+
+
 class Backend(ABC):
     """One way of serving a DSA top-k selection."""
 
     name: ClassVar[str]
-    stages: ClassVar[Tuple[str, ...]]
+    #: settings dataclass (Hydra group ``<name>``); None: the design has no settings
+    settings: ClassVar[Optional[type]] = None
+    #: settings field -> allowed values (validated before any kernel runs)
+    choices: ClassVar[Dict[str, Tuple]] = {}
+    #: timed stages of the decode layer step, in order (each has a ``stage_<s>_us`` column)
+    stages: ClassVar[Tuple[str, ...]] = ()
+    #: timed stages of the extend layer step (designs that serve ``phases`` "extend")
+    extend_stages: ClassVar[Tuple[str, ...]] = ()
+    #: phases this design serves; others give a row ``status=invalid`` with ``unsupported(phase)``
+    phases: ClassVar[Tuple[str, ...]] = ("decode",)
+    #: extra result columns -> pandas dtype (values: ``settings_columns`` and ``row_extras``)
+    columns: ClassVar[Dict[str, str]] = {}
+    #: columns whose values make report variants of this backend (e.g. ``device_buffer_size``)
+    variant_axes: ClassVar[Tuple[str, ...]] = ()
     #: takes global slots straight from a fused top-k + PAGED transform (skipping its own)
     accepts_slots: ClassVar[bool] = False
 
-    def __init__(self, workload: Workload, options: Dict[str, object]):
+    def __init__(self, workload, settings=None, *, attention_kernel: str = "triton"):
         self.wl = workload
-        self.options = options
+        self.cfg = settings
+        self.attention_kernel = attention_kernel
+
+    # ---- declarations read before a backend is built --------------------------------------
+
+    @classmethod
+    def make_settings(cls, values: Dict[str, object], top_k: int):
+        """The settings dataclass from the config node's ``values`` with defaults resolved for
+        ``top_k`` (e.g. a buffer size that follows top_k); None without settings."""
+        if cls.settings is None:
+            return None
+        s = cls.settings(**values)
+        return s.resolved(top_k) if hasattr(s, "resolved") else s
+
+    @classmethod
+    def check(cls, settings, *, top_k: int, page_size: int, phase: str) -> None:
+        """Joint checks of ``settings`` with the point (raise ConfigError). Single values are
+        checked against ``choices`` by the harness."""
+
+    @classmethod
+    def settings_columns(cls, settings) -> Dict[str, object]:
+        """Result-column values of ``settings`` (recorded on every row, also failed ones)."""
+        if settings is None:
+            return {}
+        return {k: v for k, v in dataclasses.asdict(settings).items() if k in cls.columns}
+
+    @classmethod
+    def unsupported(cls, phase: str) -> str:
+        """Why this design has no ``phase`` step (the reason of its ``invalid`` row)."""
+        return f"backend {cls.name} has no {phase} path"
+
+    @classmethod
+    def host_bytes_needed(cls, workload, settings) -> int:
+        """Host bytes the design will pin for ``workload`` (checked before it is built)."""
+        return 0
+
+    # ---- the run --------------------------------------------------------------------------
 
     def prefill(self) -> None:
         """State after the prompt (before the first decode step). Untimed."""
@@ -44,19 +119,20 @@ class Backend(ABC):
     def begin_step(self, step: int) -> None:
         """Per-step bookkeeping before the layers run (e.g. placing the new token). Untimed."""
 
-    @abstractmethod
     def decode_layer(self, step: int, layer: int, q: torch.Tensor, positions: Optional[torch.Tensor],
-                     seq_lens: torch.Tensor, timer: StageTimer,
+                     seq_lens: torch.Tensor, timer: StageRunner,
                      slots: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         """Serves one layer: q bf16 [B, H, d_qk], positions int32 [B, top_k] request-local
         (-1 padded), seq_lens int32 [B] (current token included); or, for a backend with
         ``accepts_slots``, ``slots`` int32 [B, top_k] global slots already transformed (then
         ``positions`` is None). Returns (out bf16 [B, H, d_v], lse float32 [B, H])."""
+        raise NotImplementedError(f"{self.name} has no decode step")
 
     def layer_counts(self, layer: int) -> Dict[str, np.ndarray]:
-        """Per-request int64 [B] counts of the last ``decode_layer`` of ``layer`` (hits, misses,
-        tokens_loaded, pages_loaded, bytes_h2d). Read after the timed region."""
-        z = np.zeros(self.wl.batch_size, dtype=np.int64)
+        """Per query row int64 [rows] counts of the last layer step of ``layer`` (hits, misses,
+        tokens_loaded, pages_loaded, bytes_h2d). Read after the timed region. Default: a design
+        that loads nothing from host (no hits or misses)."""
+        z = np.zeros(self.wl.num_rows, dtype=np.int64)
         return {"tokens_loaded": z, "pages_loaded": z, "bytes_h2d": z}
 
     def working_set_bytes(self) -> int:
@@ -67,13 +143,13 @@ class Backend(ABC):
         """Host bytes this design holds (pinned pools, staging)."""
         return 0
 
-    def graph_capturable(self) -> str:
-        """'' when ``decode_layer`` can be captured in a CUDA graph, else the reason."""
+    def graph_capture_blocker(self) -> str:
+        """Why a layer step cannot be captured in a CUDA graph; '' when it can."""
         return ""
 
     def row_extras(self) -> Dict[str, object]:
-        """Backend-specific result columns (e.g. device_buffer_size)."""
-        return {}
+        """Result-column values known once the backend is built (default: its settings)."""
+        return self.settings_columns(self.cfg)
 
     def close(self) -> None:
         """Frees device/host memory."""

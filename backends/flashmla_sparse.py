@@ -3,36 +3,66 @@ converted to global slots (``convert_req_index_to_global_index``) and go straigh
 sparse attention kernel, which gathers just those rows. Nothing outside attention knows about
 sparsity: no host traffic, no hits or misses.
 
-Stages: ``transform`` (request-local positions -> global slots), ``attention``.
+Decode stages: ``transform`` (request-local positions -> global slots; skipped when a fused
+top-k + PAGED transform hands over slots), ``attention``.
+
+Extend (prefill) stages, as vLLM's prefill path runs them (``scenario=extend``; the workload is
+``harness.scenarios.extend.ExtendWorkload``):
+
+``gather``
+    One Triton kernel (``ragged_gather``) reads every request's ``T_r`` tokens through the block
+    table and writes (a) the attention KV dequantised to a contiguous bf16 buffer ``[N, d_qk]``,
+    ``N = sum_r T_r``, requests concatenated (a shared prefix is gathered once per request, as
+    vLLM's ``cp_gather_and_upconvert_fp8_kv_cache`` does), and (b) the fp8 index keys
+    ``uint8 [N, index_dim]`` + scales ``float32 [N]`` in the same order
+    (``cp_gather_indexer_k_quant_cache``).
+``indexer``
+    ``indexer_logits_ragged`` over the concatenated index keys: query row ``m`` scores keys
+    ``[ks[m], ke[m])``; logits ``float32 [M, max_len]``.
+``topk``
+    The step's RAGGED top-k plan (``IndexerMetadata.for_extend``, built once per step in
+    ``begin_extend_step``): int32 ``[M, top_k]`` rows of the ragged buffer (``-1`` padded).
+``attention``
+    The sparse attention kernel with the query rows as its batch axis, over the ragged buffer.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 
 from backends.attention import resolve_attention
-from backends.base import Backend
+from backends.base import Backend, BackendInvalid
 from backends.kernels.index_convert import convert_req_index_to_global_index
-from harness.timing import StageTimer
-from harness.workload import Workload
+from backends.kernels.indexer import indexer_logits_ragged
+from backends.kernels.ragged_gather import ragged_gather
+from backends.kernels.topk import plan_build_count
+from backends.kernels.topk_transform import IndexerMetadata
 
 
 class FlashMLASparseBackend(Backend):
     name = "flashmla_sparse"
     stages = ("transform", "attention")
+    extend_stages = ("gather", "indexer", "topk", "attention")
+    phases = ("decode", "extend")
     accepts_slots = True
 
-    def __init__(self, workload: Workload, options: Dict[str, object]):
-        super().__init__(workload, options)
-        self.req_ids = workload.request_ids()
-        m = workload.model
-        self.attention = resolve_attention(str(options.get("attention_kernel", "triton")), workload.device,
-                                           m.num_heads, m.d_qk, m.d_v, workload.kv_flat(0))
+    def __init__(self, workload, settings=None, *, attention_kernel: str = "triton"):
+        super().__init__(workload, settings, attention_kernel=attention_kernel)
+        m, dev = workload.model, workload.device
+        if workload.phase == "extend":
+            self._init_extend()
+            rows = self.kv
+        else:
+            self.req_ids = workload.request_ids()
+            rows = workload.kv_flat(0)
+        self.attention: Callable = resolve_attention(attention_kernel, dev, m.num_heads, m.d_qk, m.d_v, rows)
+
+    # ---- decode ---------------------------------------------------------------------------
 
     def decode_layer(self, step: int, layer: int, q: torch.Tensor, positions: Optional[torch.Tensor],
-                     seq_lens: torch.Tensor, timer: StageTimer,
-                     slots: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                     seq_lens: torch.Tensor, timer, slots: Optional[torch.Tensor] = None
+                     ) -> Tuple[torch.Tensor, torch.Tensor]:
         wl = self.wl
         if slots is None:
             slots = timer.run("transform", lambda: convert_req_index_to_global_index(
@@ -40,5 +70,63 @@ class FlashMLASparseBackend(Backend):
         return timer.run("attention", lambda: self.attention(
             q, wl.kv_flat(layer), slots, wl.model.sm_scale, d_v=wl.model.d_v))
 
+    # ---- extend ---------------------------------------------------------------------------
+
+    def _init_extend(self) -> None:
+        """Allocates the extend step's workspaces: ragged bf16 KV ``[N, d_qk]``, fp8 index keys
+        ``uint8 [N, index_dim]`` + scales ``float32 [N]``, logits ``float32 [M, max_len]`` and
+        the selection ``int32 [M, top_k]``."""
+        ew = self.wl
+        m, dev = ew.model, ew.device
+        if m.index_dim < 16 or m.index_dim & (m.index_dim - 1):
+            raise BackendInvalid(f"model.index_dim={m.index_dim}: the indexer kernel needs a power "
+                                 "of two >= 16")
+        N, M = ew.num_tokens, ew.num_rows
+        self.kv = torch.empty(N, m.d_qk, dtype=torch.bfloat16, device=dev)
+        self.keys = torch.empty(N, m.index_dim, dtype=torch.uint8, device=dev)
+        self.key_scales = torch.empty(N, dtype=torch.float32, device=dev)
+        self.logits = torch.empty(M, ew.max_len, dtype=torch.float32, device=dev)
+        self.indices = torch.empty(M, ew.top_k, dtype=torch.int32, device=dev)
+        self.meta: Optional[IndexerMetadata] = None
+        self.plan_us: List[float] = []    # per step: building the top-k plan (outside the samples)
+        self.plan_builds: List[int] = []  # per step: plan_topk calls (1: reused by every layer)
+
+    def workspace_bytes(self) -> int:
+        """Bytes of the extend step's device workspaces (ragged KV, index keys, logits, indices)."""
+        return sum(t.numel() * t.element_size()
+                   for t in (self.kv, self.keys, self.key_scales, self.logits, self.indices))
+
+    def begin_extend_step(self, timer, fuse_topk: bool) -> None:
+        """Builds the step's RAGGED top-k plan once (timed on its own, outside the layer samples);
+        every layer of the step reuses it."""
+        ew = self.wl
+        before = plan_build_count()
+        timer.begin()
+        self.meta = timer.run("plan", lambda: IndexerMetadata.for_extend(
+            ew.ks, ew.ke, ew.top_k, max_len=ew.max_len, fuse_topk=fuse_topk))
+        self.plan_us.append(timer.end()["plan"])
+        self.plan_builds.append(plan_build_count() - before)
+
+    def extend_layer(self, layer: int, q: torch.Tensor, q_idx: torch.Tensor, w_idx: torch.Tensor,
+                     timer) -> Tuple[torch.Tensor, torch.Tensor]:
+        """One measured extend layer step. q bf16 ``[M, H, d_qk]``; q_idx bf16 ``[M, Hp, D]`` and
+        w_idx float32 ``[M, Hp]`` (index heads padded, ``pad_index_heads``). Returns (out bf16
+        ``[M, H, d_v]``, lse float32 ``[M, H]``); the selection stays in ``self.indices``."""
+        ew, m = self.wl, self.wl.model
+        timer.run("gather", lambda: ragged_gather(
+            ew.kv_flat(layer), ew.index_caches[layer].data, ew.block_table, ew.total_lens_dev,
+            ew.cu_dev, self.kv, self.keys, self.key_scales, page_size=ew.page_size,
+            d_nope=m.d_nope, d_rope=m.d_rope, max_len=ew.max_len))
+        timer.run("indexer", lambda: indexer_logits_ragged(
+            q_idx, w_idx, self.keys, ew.ks, ew.ke, k_scales=self.key_scales, max_len=ew.max_len,
+            out=self.logits))
+        timer.run("topk", lambda: self.meta.select(self.logits, out=self.indices))
+        return timer.run("attention", lambda: self.attention(
+            q, self.kv, self.indices, m.sm_scale, d_v=m.d_v))
+
+    # ---- memory ---------------------------------------------------------------------------
+
     def working_set_bytes(self) -> int:
+        if self.wl.phase == "extend":
+            return self.wl.cache_bytes() + self.workspace_bytes()
         return self.wl.kv_pool_bytes

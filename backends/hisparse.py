@@ -16,19 +16,39 @@ reserved slot (the KV write both designs do).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 import numpy as np
 import torch
 
 from backends.attention import resolve_attention
-from backends.base import Backend, BackendInvalid, BackendUnavailable
-from backends.hisparse_coordinator import HiSparseCoordinator, validate_selection
-from harness.memory import fits, host_available_bytes
-from harness.timing import StageTimer
-from harness.workload import Workload
+from backends.base import Backend, BackendInvalid, BackendUnavailable, ConfigError
+from backends.copy_engines import COPY_ENGINES
+from backends.hisparse_coordinator import LOAD_GRANULARITIES, HiSparseCoordinator, validate_selection
 
+#: per-request counts of a layer step (the coordinator's, in result-column names)
 COUNT_KEYS = ("hits", "misses", "tokens_loaded", "pages_loaded", "bytes_h2d")
+#: swap-in implementations: ours, or SGLang's own kernel
+COORDINATORS = ("triton", "sglang")
+#: the reason an extend point has no HiSparse row
+EXTEND_UNSUPPORTED = ("phase=extend: HiSparse is decode-only upstream (SGLang prefills with the KV "
+                      "on the GPU and stages it to host afterwards; the swap-in coordinator serves "
+                      "decode steps), so there is no HiSparse extend path to measure")
+
+
+@dataclass
+class HiSparseSettings:
+    """``hisparse.*``: the hot buffer and how misses are loaded."""
+
+    device_buffer_size: Optional[int] = None  # hot-buffer slots per (layer, request); None -> 2 * top_k
+    load_granularity: str = "token"            # token (upstream) | page (the seed article's design)
+    copy_engine: str = "uva_kernel"            # uva_kernel | memcpy | staged
+    coordinator: str = "triton"                # triton (ours) | sglang (upstream swap-in kernel)
+
+    def resolved(self, top_k: int) -> "HiSparseSettings":
+        d = self.device_buffer_size if self.device_buffer_size is not None else 2 * top_k
+        return HiSparseSettings(int(d), self.load_granularity, self.copy_engine, self.coordinator)
 
 
 def make_sglang_peer(coord: HiSparseCoordinator):
@@ -47,24 +67,47 @@ def make_sglang_peer(coord: HiSparseCoordinator):
 
 class HiSparseBackend(Backend):
     name = "hisparse"
+    settings = HiSparseSettings
+    choices = {"load_granularity": LOAD_GRANULARITIES, "copy_engine": COPY_ENGINES,
+               "coordinator": COORDINATORS}
     stages = ("swap_in", "attention")
+    columns = {"device_buffer_size": "Int64", "load_granularity": "string", "copy_engine": "string",
+               "coordinator": "string"}
+    variant_axes = ("device_buffer_size", "load_granularity", "copy_engine", "coordinator")
 
-    def __init__(self, workload: Workload, options: Dict[str, object]):
-        super().__init__(workload, options)
+    @classmethod
+    def check(cls, settings: HiSparseSettings, *, top_k: int, page_size: int, phase: str) -> None:
+        if phase != "decode":
+            return
+        d = settings.device_buffer_size
+        if d < top_k:
+            raise ConfigError("hisparse.device_buffer_size", d, f"must be >= top_k ({top_k})")
+        if settings.load_granularity == "page" and d % page_size:
+            raise ConfigError("hisparse.device_buffer_size", d,
+                              f"must be a multiple of page_size ({page_size}) when load_granularity=page")
+
+    @classmethod
+    def unsupported(cls, phase: str) -> str:
+        return EXTEND_UNSUPPORTED if phase == "extend" else super().unsupported(phase)
+
+    @classmethod
+    def host_bytes_needed(cls, workload, settings) -> int:
+        """The pinned host KV pool: every simulated layer's rows of every request."""
         wl = workload
-        self.buffer_size = int(options["device_buffer_size"])
-        self.granularity = str(options["load_granularity"])
-        self.engine = str(options["copy_engine"])
-        self.coordinator = str(options.get("coordinator", "triton"))
+        return wl.num_layers * wl.batch_size * wl.pages_per_request * wl.page_size * wl.row_bytes
+
+    def __init__(self, workload, settings: HiSparseSettings, *, attention_kernel: str = "triton"):
+        super().__init__(workload, settings, attention_kernel=attention_kernel)
+        wl = workload
+        self.buffer_size = settings.device_buffer_size
+        self.granularity = settings.load_granularity
+        self.engine = settings.copy_engine
+        self.coordinator = settings.coordinator
         if self.coordinator == "sglang" and (self.granularity != "token" or self.engine != "uva_kernel"):
             raise BackendInvalid(
                 "coordinator=sglang runs SGLang's swap-in kernel, which loads tokens (not pages) with "
                 "its own zero-copy reads: it needs hisparse.load_granularity=token and "
                 f"hisparse.copy_engine=uva_kernel (got {self.granularity}, {self.engine})")
-        host_need = wl.num_layers * wl.batch_size * wl.pages_per_request * wl.page_size * wl.row_bytes
-        if not fits(host_need, torch.device("cpu")):
-            raise MemoryError(f"the host KV pool needs {host_need / 2**30:.1f} GiB; "
-                              f"{host_available_bytes() / 2**30:.1f} GiB of host memory are available")
         try:
             self.coord = HiSparseCoordinator(
                 num_layers=wl.num_layers, max_requests=wl.batch_size, max_seq_len=wl.max_positions,
@@ -82,8 +125,8 @@ class HiSparseBackend(Backend):
         self.peer = make_sglang_peer(self.coord) if self.coordinator == "sglang" else None
         self._peer_counts: Dict[int, Dict[str, torch.Tensor]] = {}
         m = wl.model
-        self.attention = resolve_attention(str(options.get("attention_kernel", "triton")), wl.device,
-                                           m.num_heads, m.d_qk, m.d_v, self._kv(0))
+        self.attention = resolve_attention(attention_kernel, wl.device, m.num_heads, m.d_qk, m.d_v,
+                                           self._kv(0))
 
     def _check_selections(self) -> None:
         """Positions < seq_len, and (page mode) no step selecting more pages than the buffer
@@ -157,7 +200,7 @@ class HiSparseBackend(Backend):
                                  f"{int(c['pages_needed'][b])} pages, capacity {self.coord.page_capacity}")
         return {k: c[k] for k in COUNT_KEYS}
 
-    def graph_capturable(self) -> str:
+    def graph_capture_blocker(self) -> str:
         if self.engine != "uva_kernel":
             return (f"copy_engine={self.engine} reads the miss list on the host (a sync), so it cannot "
                     "be captured in a CUDA graph; use copy_engine=uva_kernel or timing.cuda_graph=false")
@@ -168,10 +211,6 @@ class HiSparseBackend(Backend):
 
     def host_bytes(self) -> int:
         return self.coord.host_bytes()
-
-    def row_extras(self) -> Dict[str, object]:
-        return {"device_buffer_size": self.buffer_size, "load_granularity": self.granularity,
-                "copy_engine": self.engine, "coordinator": self.coordinator}
 
     def close(self) -> None:
         self.peer = None

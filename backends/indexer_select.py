@@ -8,8 +8,8 @@ and reused by every layer. Stages: ``indexer`` (logits) and ``topk`` (top-k, fus
 PAGED transform when the backend takes global slots and ``selection.fuse_topk``; otherwise
 logical positions, as HiSparse needs). ``select`` = indexer + topk.
 
-Every layer step's selection is checked against the torch reference by scores (tie-robust):
-the reference logits at the selected positions, sorted, must equal the reference top-k scores.
+The scenario checks every layer step's selection against the torch reference by scores
+(``harness.scenarios.decode``).
 """
 from __future__ import annotations
 
@@ -22,13 +22,18 @@ from backends.kernels.indexer import indexer_logits_paged
 from backends.kernels.topk import plan_build_count
 from backends.kernels.topk_transform import IndexerMetadata
 from backends.kernels.index_cache import IndexKeyCache
-from harness.indexer_ref import indexer_logits_paged_ref
-from harness.timing import StageTimer
-from harness.workload import Workload, seeded_generator
+
+#: stages the selection adds to a layer step (``select`` = ``indexer`` + ``topk``)
+STAGES = ("select", "indexer", "topk")
+#: result columns that make report variants of a backend fed by the indexer
+VARIANT_AXES = ("fuse_topk",)
 
 
 class IndexerSelector:
-    def __init__(self, wl: Workload, fuse_topk: bool, query_corr: float = 0.0, key_format: str = "fp8"):
+    """The lightning indexer + top-k of a decode workload ``wl`` (its model, block table, page
+    size, sequence lengths; ``wl.generator(*seed)`` gives seeded torch generators)."""
+
+    def __init__(self, wl, fuse_topk: bool, query_corr: float = 0.0, key_format: str = "fp8"):
         if not 0.0 <= query_corr <= 1.0:
             raise ValueError(f"selection.query_corr must be in [0, 1], got {query_corr}")
         self.wl, self.fuse, self.query_corr = wl, fuse_topk, float(query_corr)
@@ -38,7 +43,7 @@ class IndexerSelector:
         slots = torch.arange(wl.num_pages * wl.page_size, device=dev)
         for layer in range(wl.num_layers):
             cache = IndexKeyCache.allocate(wl.num_pages, wl.page_size, m.index_dim, key_format, dev)
-            keys = torch.randn(slots.numel(), m.index_dim, generator=seeded_generator(dev, wl.seed, 4, layer),
+            keys = torch.randn(slots.numel(), m.index_dim, generator=wl.generator(4, layer),
                                device=dev)
             cache.write_slots(slots, keys)
             self.caches.append(cache)
@@ -53,10 +58,10 @@ class IndexerSelector:
     def cache_bytes(self) -> int:
         return sum(c.data.numel() * c.data.element_size() for c in self.caches)
 
-    def begin_step(self, step: int, seq_lens: torch.Tensor) -> None:
-        """Builds the step's plan (once; timed on its own, outside the layer samples)."""
+    def begin_step(self, step: int, seq_lens: torch.Tensor, timer) -> None:
+        """Builds the step's plan (once; timed on its own with ``timer``, outside the layer
+        samples)."""
         before = plan_build_count()
-        timer = StageTimer(self.wl.device, cold_l2=False, launch_shield_us=0)
         timer.begin()
         self.meta = timer.run("plan", lambda: IndexerMetadata.for_decode(
             seq_lens, self.wl.block_table, self.wl.page_size, self.wl.top_k, max_len=self.max_len,
@@ -68,13 +73,13 @@ class IndexerSelector:
         """Index queries bf16 [B, index_heads, index_dim] (an AR(1) process over steps with
         correlation ``query_corr``) and head weights float32 [B, index_heads] (fixed per layer)."""
         m, dev, b = self.wl.model, self.wl.device, self.wl.batch_size
-        g = seeded_generator(dev, self.wl.seed, 5, step, layer)
+        g = self.wl.generator(5, step, layer)
         noise = torch.randn(b, m.index_heads, m.index_dim, generator=g, device=dev)
         prev = self._prev_q.get(layer) if step > 0 else None
         rho = self.query_corr
         q = noise if prev is None else rho * prev + (1.0 - rho * rho) ** 0.5 * noise
         self._prev_q[layer] = q
-        gw = seeded_generator(dev, self.wl.seed, 6, layer)
+        gw = self.wl.generator(6, layer)
         w = torch.randn(b, m.index_heads, generator=gw, device=dev) * m.index_heads ** -0.5
         return q.to(torch.bfloat16), w
 
@@ -94,27 +99,8 @@ class IndexerSelector:
         """Draws the (step, layer) index queries and weights (untimed)."""
         self._q, self._w = self.inputs(step, layer)
 
-    def check(self, layer: int, positions: torch.Tensor, seq_lens: torch.Tensor) -> int:
-        """Rows whose selected scores differ from the reference top-k scores (0 when right)."""
-        ref = indexer_logits_paged_ref(self._q, self._w, self.caches[layer].data, self.wl.block_table,
-                                       seq_lens, max_len=self.max_len).double()
-        k = self.wl.top_k
-        bad = 0
-        for b in range(positions.shape[0]):
-            n = min(k, int(seq_lens[b]))
-            p = positions[b]
-            p = p[p >= 0].long()
-            if p.numel() != n or p.unique().numel() != n:
-                bad += 1
-                continue
-            got = ref[b, p].sort(descending=True).values
-            want = ref[b, : int(seq_lens[b])].topk(n).values
-            if not torch.allclose(got, want, rtol=1e-5, atol=1e-6):
-                bad += 1
-        return bad
 
-
-def positions_of_slots(wl: Workload, slots: torch.Tensor) -> torch.Tensor:
+def positions_of_slots(wl, slots: torch.Tensor) -> torch.Tensor:
     """Inverse of the PAGED transform: global slots int32 [B, K] -> request-local positions."""
     inv = torch.full((wl.num_pages,), -1, dtype=torch.long, device=slots.device)
     bt = wl.block_table.long()

@@ -1,16 +1,18 @@
 """Structured configs (dataclasses) registered in Hydra's ConfigStore.
 
-``conf/config.yaml`` composes ``RunConfig`` with one YAML per concern from ``conf/`` (model,
-selection, timing, hisparse, indexer); ``sweeps/*.yaml`` are registered as the ``sweep`` group
+``conf/config.yaml`` composes the run's schema (``run_config_class``) with one group per
+concern: ``model`` and ``selection`` and ``timing`` (YAML in ``conf/``), ``scenario`` (one option
+per registered scenario: ``decode``, ``extend``, ...), and one group per backend or scenario that
+has settings, under its own name (``hisparse.*``, ``extend.*``, ...), whose dataclass the backend's
+or scenario's module declares. ``sweeps/*.yaml`` are registered as the ``sweep`` group
 (``+sweep=NAME``). The plain top-level keys (``backend``, ``page_size``, ``top_k``,
 ``batch_size``, ``context_len``, ``steps``, ``num_layers``, ``pattern``, ``step_overlap``,
-``phase``, ``extend_len``) are the axes a sweep varies; ``${model.*}`` interpolations give them
-model defaults. ``phase=extend`` runs the extend (prefill) step of ``harness/extend.py``, shaped
-by ``extend_len`` and the ``extend.*`` keys (``ExtendConfig``).
+``extend_len``) are the axes a sweep varies; ``${model.*}`` interpolations give them model
+defaults. ``phase`` is the old name of ``scenario`` (``phase=extend`` = ``scenario=extend``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -78,53 +80,67 @@ class TimingConfig:
     check_tolerance: float = 0.03 # max ||out - ref|| / ||ref|| for status=ok
 
 
-@dataclass
-class HiSparseConfig:
-    device_buffer_size: Optional[int] = None  # hot-buffer slots per (layer, request); None -> 2 * top_k
-    load_granularity: str = "token"            # token | page
-    copy_engine: str = "uva_kernel"            # uva_kernel | memcpy | staged
-    coordinator: str = "triton"                # triton (ours) | sglang (upstream swap-in kernel)
+#: the run's own keys (besides the groups); the axes a sweep varies
+CORE_FIELDS = [
+    ("scenario", str, "decode"),        # decode | extend | ... (a group: harness.scenarios)
+    ("phase", Optional[str], None),     # old name of scenario (decode | extend)
+    ("extend_len", int, 128),           # scenario=extend: new query tokens per request
+    ("backend", str, "all"),            # a registered backend (backends.BACKENDS) or all
+    ("attention_kernel", str, "triton"),
+    ("kv_dtype", str, "fp8_ds_mla"),    # fp8_ds_mla | bf16
+    ("page_size", int, 64),
+    ("top_k", int, "${model.top_k}"),
+    ("batch_size", int, "${model.batch_size}"),
+    ("context_len", int, "${model.context_len}"),
+    ("steps", int, 6),                  # decode steps, warm-up included
+    ("num_layers", int, 2),             # layers simulated per step
+    ("pattern", str, "random"),         # random | sliding_window | prefix | clustered | mixed | ...
+    ("step_overlap", float, 0.85),      # fraction of a layer's selection kept from the previous step
+    ("seed", int, 0),
+    ("device", str, "auto"),            # auto | cuda | cpu
+    ("overwrite", bool, False),         # re-run a job whose result.parquet already exists
+    ("report", bool, True),             # write the report at the end of a run / sweep
+]
 
 
-@dataclass
-class ExtendConfig:
-    """The extend (prefill) workload of ``phase=extend`` (``harness/extend.py``)."""
+def settings_groups():
+    """``(name, dataclass)`` of every backend and scenario that declares settings: each is a
+    config node (and ConfigStore group) of that name."""
+    from backends import backend_classes
+    from harness.scenarios import scenario_classes
+    return [(c.name, c.settings) for c in (*backend_classes(), *scenario_classes()) if c.settings is not None]
 
-    shared_prefix: float = 0.5    # fraction of a group's shortest prefix its requests share (whole pages)
-    group_size: int = 2           # consecutive requests that share one prefix (1: no sharing)
-    prefix_spread: float = 0.25   # prefix lengths uniform in context_len * [1 - spread, 1 + spread]
+
+def run_config_class() -> type:
+    """The run's schema: the concerns' configs, every declared settings node, the core keys."""
+    groups = [("model", ModelConfig, field(default_factory=ModelConfig)),
+              ("selection", SelectionConfig, field(default_factory=SelectionConfig)),
+              ("timing", TimingConfig, field(default_factory=TimingConfig))]
+    groups += [(name, cls, field(default_factory=cls)) for name, cls in settings_groups()]
+    core = [(n, t, field(default=d)) for n, t, d in CORE_FIELDS]
+    return make_dataclass("RunConfig", groups + core)
 
 
-@dataclass
-class RunConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    selection: SelectionConfig = field(default_factory=SelectionConfig)
-    timing: TimingConfig = field(default_factory=TimingConfig)
-    hisparse: HiSparseConfig = field(default_factory=HiSparseConfig)
-    extend: ExtendConfig = field(default_factory=ExtendConfig)
-    phase: str = "decode"         # decode | extend (prefill of extend_len new tokens per request)
-    extend_len: int = 128         # phase=extend: new query tokens per request
-    backend: str = "all"          # flashmla_sparse | hisparse | all
-    attention_kernel: str = "triton"
-    kv_dtype: str = "fp8_ds_mla"  # fp8_ds_mla | bf16
-    page_size: int = 64
-    top_k: int = "${model.top_k}"  # type: ignore[assignment]
-    batch_size: int = "${model.batch_size}"  # type: ignore[assignment]
-    context_len: int = "${model.context_len}"  # type: ignore[assignment]
-    steps: int = 6                # decode steps, warm-up included
-    num_layers: int = 2           # layers simulated per step
-    pattern: str = "random"       # random | sliding_window | prefix | clustered | mixed
-    step_overlap: float = 0.85    # fraction of a layer's selection kept from the previous step
-    seed: int = 0
-    device: str = "auto"          # auto | cuda | cpu
-    overwrite: bool = False       # re-run a job whose result.parquet already exists
-    report: bool = True           # write the report at the end of a run / sweep
+def backend_settings(cfg, name: str):
+    """``(class, settings)`` of backend ``name`` for a resolved run config: its settings
+    dataclass built from the ``<name>`` node with defaults resolved for ``top_k``."""
+    from backends import backend_class
+    from harness.scenarios.base import settings_values
+    cls = backend_class(name)
+    node = cfg.get(name) if cls.settings is not None else None
+    return cls, cls.make_settings(settings_values(node) if node is not None else {}, cfg.top_k)
 
 
 def register_configs() -> None:
-    """Registers the schema and the ``sweep`` group (one entry per ``sweeps/*.yaml``)."""
+    """Registers the schema, the settings groups, the ``scenario`` group and the ``sweep`` group
+    (one entry per ``sweeps/*.yaml``)."""
+    from harness.scenarios import SCENARIOS
     cs = ConfigStore.instance()
-    cs.store(name="run_config", node=RunConfig)
+    cs.store(name="run_config", node=run_config_class())
+    for name, cls in settings_groups():
+        cs.store(group=name, name="default", node=cls)
+    for name in SCENARIOS:
+        cs.store(group="scenario", name=name, node={"scenario": name}, package="_global_")
     for path in sorted(SWEEPS_DIR.glob("*.yaml")):
         cs.store(group="sweep", name=path.stem, node=OmegaConf.load(path), package="_global_")
 

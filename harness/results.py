@@ -16,15 +16,38 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Dict, Iterable, List, Mapping
+from typing import Dict, Iterable, List, Mapping, Tuple
 
 import pandas as pd
 
+from backends import backend_classes
+from harness.scenarios import scenario_classes
+
 SCHEMA_VERSION = 1
 
+
+def declared_stages() -> Tuple[str, ...]:
+    """Every timed stage a scenario or backend declares, in first-declared order."""
+    names: List[str] = []
+    for c in scenario_classes():
+        names += c.stages
+    for c in backend_classes():
+        names += c.extend_stages + c.stages
+    return tuple(dict.fromkeys(names))
+
+
+def declared_columns() -> Dict[str, str]:
+    """Result columns the backends and scenarios declare (-> pandas dtype)."""
+    cols: Dict[str, str] = {}
+    for c in (*backend_classes(), *scenario_classes()):
+        cols.update(c.columns)
+    return cols
+
+
+#: stage names (each has a ``stage_<name>_us`` column in both tables)
+STAGES = declared_stages()
 #: per-stage time columns (microseconds), in both tables
-STAGE_TIME_COLUMNS: Dict[str, str] = {f"stage_{s}_us": "float64" for s in (
-    "select", "indexer", "topk", "gather", "transform", "swap_in", "attention")}
+STAGE_TIME_COLUMNS: Dict[str, str] = {f"stage_{s}_us": "float64" for s in STAGES}
 RESULT_FILE = "result.parquet"
 STEPS_FILE = "steps.parquet"
 
@@ -45,15 +68,14 @@ COLUMNS: Dict[str, str] = {
     "step_overlap": "float64",
     "cluster_len": "Int64",
     "selection": "string",
+    "scenario": "string",
     "phase": "string",
     "steps": "Int64",
     "warmup_steps": "Int64",
     "num_layers": "Int64",
     "seed": "Int64",
-    "device_buffer_size": "Int64",
-    "load_granularity": "string",
-    "copy_engine": "string",
-    "coordinator": "string",
+    # the backends' and scenarios' own columns (declared on their classes)
+    **declared_columns(),
     "fuse_topk": "boolean",
     "query_corr": "float64",
     "cold_l2": "boolean",
@@ -112,6 +134,18 @@ COLUMNS: Dict[str, str] = {
     "repro_command": "string",
     "config_hash": "string",
     "timestamp": "string",
+    # micro-benchmarks (harness.bench): null on sweep rows ------------------------------------
+    "bench": "string",            # registered bench name (python -m harness.bench list)
+    "kernel": "string",           # what was timed, e.g. sparse_mla_decode, flashmla
+    "variant": "string",          # launch-configuration variant of the kernel ("default", ...)
+    "launch_config": "string",    # that variant's keyword arguments, JSON
+    "case": "string",             # the bench's workload case, e.g. all_misses, B8_H128_k2048
+    "num_heads": "Int64",         # query (attention) or index (indexer) heads
+    "head_dim": "Int64",          # q/k width: attention d_qk, indexer D
+    "head_dim_v": "Int64",        # attention V width (d_v)
+    "peer": "string",             # the row this one is compared with: its kernel [variant]
+    "ratio_to_peer": "float64",   # latency_us_median / the peer row's
+    # end of micro-benchmarks ------------------------------------------------------------------
 }
 
 #: the per-step table; ``backend`` + (step, layer, request) identify a row.

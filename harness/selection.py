@@ -29,6 +29,8 @@ from typing import Optional
 
 import numpy as np
 
+#: where a decode point's selections come from (``selection.source``)
+SOURCES = ("synthetic", "trace", "indexer")
 PATTERNS = ("random", "sliding_window", "prefix", "clustered", "mixed")
 DETERMINISTIC_PATTERNS = ("sliding_window", "prefix")
 

@@ -2,37 +2,36 @@
 what is allowed."""
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Iterable, Optional
+from typing import Dict, Tuple
 
 import numpy as np
 
-from backends import BACKENDS
-from harness.selection import PATTERNS
-
-KV_DTYPES = ("bf16", "fp8_ds_mla")
-SOURCES = ("synthetic", "trace", "indexer")
-GRANULARITIES = ("token", "page")
-COPY_ENGINES = ("uva_kernel", "memcpy", "staged")
-COORDINATORS = ("triton", "sglang")
-ATTENTION_KERNELS = ("triton", "flashmla")
-DEVICES = ("auto", "cuda", "cpu")
-PHASES = ("decode", "extend")
-
-
-class ConfigError(ValueError):
-    """An invalid configuration value."""
-
-    def __init__(self, field: str, value, allowed: str):
-        self.field, self.value, self.allowed = field, value, allowed
-        super().__init__(f"invalid configuration: {field}={value!r}: {allowed}")
+from backends import BACKENDS, backend_class
+from backends.attention import ATTENTION_KERNELS
+from backends.base import PHASES, ConfigError
+from backends.kernels.kv_format import KV_DTYPES
+from harness.config import backend_settings
+from harness.device import DEVICES
+from harness.scenarios import SCENARIOS, scenario_class, scenario_classes
+from harness.selection import PATTERNS, SOURCES
 
 
 def _is_pow2(x: int) -> bool:
     return isinstance(x, (int, np.integer)) and x >= 1 and (x & (x - 1)) == 0
 
 
-#: fields whose value must be one of a fixed set (the message lists them)
+def _declared_choices() -> Dict[str, Tuple]:
+    """``<name>.<field>`` -> allowed values, from every backend's and scenario's ``choices``."""
+    out: Dict[str, Tuple] = {}
+    for name in sorted(BACKENDS):
+        out.update({f"{name}.{k}": v for k, v in backend_class(name).choices.items()})
+    for cls in scenario_classes():
+        out.update({f"{cls.name}.{k}": v for k, v in cls.choices.items()})
+    return out
+
+
+#: fields whose value must be one of a fixed set (the message lists them); each tuple is
+#: imported from the module that owns it
 CHOICES = {
     "pattern": PATTERNS,
     "backend": tuple(sorted(BACKENDS)) + ("all",),
@@ -40,10 +39,9 @@ CHOICES = {
     "device": DEVICES,
     "attention_kernel": ATTENTION_KERNELS,
     "selection.source": SOURCES,
-    "hisparse.load_granularity": GRANULARITIES,
-    "hisparse.copy_engine": COPY_ENGINES,
-    "hisparse.coordinator": COORDINATORS,
+    "scenario": tuple(SCENARIOS),
     "phase": PHASES,
+    **_declared_choices(),
 }
 #: fields that must be integers >= 1
 POSITIVE_INTS = ("top_k", "batch_size", "context_len", "steps", "num_layers", "extend_len")
@@ -59,6 +57,8 @@ def check_value(field: str, value) -> None:
         raise ConfigError(field, value, "must be an integer >= 1")
     if field in FRACTIONS and not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
         raise ConfigError(field, value, "must be a fraction in [0, 1]")
+    if field == "phase" and value is None:
+        return
     if field in CHOICES and value not in CHOICES[field]:
         name = "selection" if field == "selection.source" else field
         raise ConfigError(name, value, f"allowed: {', '.join(CHOICES[field])}")
@@ -71,8 +71,21 @@ def backends_of(cfg) -> list:
     return sorted(BACKENDS) if cfg.backend == "all" else [cfg.backend]
 
 
+def resolve_phase_alias(cfg) -> None:
+    """``phase=X`` (the old key) means ``scenario=X``; giving both with different values is an error."""
+    if cfg.phase is None:
+        return
+    check_value("phase", cfg.phase)
+    if cfg.scenario not in ("decode", cfg.phase):
+        raise ConfigError("phase", cfg.phase, f"is the old name of scenario (scenario={cfg.scenario} "
+                          "was also given); use scenario= alone")
+    cfg.scenario = cfg.phase
+
+
 def validate(cfg) -> None:
-    """Raises ConfigError for the first invalid field of a resolved RunConfig."""
+    """Raises ConfigError for the first invalid field of a resolved run config (after resolving
+    the ``phase`` alias into ``scenario``)."""
+    resolve_phase_alias(cfg)
     for f in CHECKED_FIELDS:
         node = cfg
         for part in f.split("."):
@@ -93,50 +106,8 @@ def validate(cfg) -> None:
         raise ConfigError("model.d_v", m.d_v, f"must equal model.d_nope ({m.d_nope}): V is the latent part of the row")
     if m.num_heads < 1:
         raise ConfigError("model.num_heads", m.num_heads, "must be >= 1")
-    if cfg.phase == "extend":
-        _check_extend(cfg)
-    if "hisparse" in backends_of(cfg) and cfg.phase == "decode":
-        h = cfg.hisparse
-        d = h.device_buffer_size if h.device_buffer_size is not None else 2 * cfg.top_k
-        if d < cfg.top_k:
-            raise ConfigError("hisparse.device_buffer_size", d, f"must be >= top_k ({cfg.top_k})")
-        if h.load_granularity == "page" and d % cfg.page_size:
-            raise ConfigError("hisparse.device_buffer_size", d,
-                              f"must be a multiple of page_size ({cfg.page_size}) when load_granularity=page")
-
-
-def _check_extend(cfg) -> None:
-    """phase=extend: the indexer selects inside the step, so there is no trace to replay."""
-    if cfg.selection.source == "trace" or cfg.selection.record:
-        raise ConfigError("selection", cfg.selection.source,
-                          "phase=extend selects with the lightning indexer: no trace replay or "
-                          "record (use selection=synthetic, the default, or selection.source=indexer)")
-    e = cfg.extend
-    if not 0.0 <= e.shared_prefix <= 1.0:
-        raise ConfigError("extend.shared_prefix", e.shared_prefix, "must be a fraction in [0, 1]")
-    if e.group_size < 1:
-        raise ConfigError("extend.group_size", e.group_size, "must be an integer >= 1")
-    if not 0.0 <= e.prefix_spread < 1.0:
-        raise ConfigError("extend.prefix_spread", e.prefix_spread, "must be in [0, 1)")
-
-
-def check_trace(topk: np.ndarray, seq_lens: np.ndarray, cfg, path: Optional[str] = None) -> None:
-    """The trace must match the config's steps, num_layers, batch_size and top_k and hold
-    valid positions."""
-    where = f"selection.path={path!r}" if path else "selection"
-    want = (cfg.steps, cfg.num_layers, cfg.batch_size, cfg.top_k)
-    if topk.ndim != 4 or tuple(topk.shape) != want:
-        raise ConfigError(where, tuple(topk.shape),
-                          f"trace topk shape must be [steps, num_layers, batch_size, top_k] = {list(want)}; "
-                          "set those keys to match the trace")
-    if tuple(seq_lens.shape) != (cfg.steps, cfg.batch_size):
-        raise ConfigError(where, tuple(seq_lens.shape),
-                          f"trace seq_lens shape must be [steps, batch_size] = {[cfg.steps, cfg.batch_size]}")
-    if (seq_lens < 1).any():
-        raise ConfigError(where, int(seq_lens.min()), "trace seq_lens must be >= 1")
-    over = topk >= seq_lens[:, None, :, None]
-    if over.any() or (topk < -1).any():
-        s, l, b, k = np.argwhere(over | (topk < -1))[0]
-        raise ConfigError(where, int(topk[s, l, b, k]),
-                          f"trace position at [step {s}, layer {l}, request {b}, {k}] must be -1 or "
-                          f"< seq_len ({int(seq_lens[s, b])})")
+    scn = scenario_class(cfg.scenario)
+    scn.check(cfg)
+    for name in backends_of(cfg):
+        cls, settings = backend_settings(cfg, name)
+        cls.check(settings, top_k=cfg.top_k, page_size=cfg.page_size, phase=scn.phase)

@@ -41,9 +41,27 @@ def seeded_generator(device: torch.device, *seed: int) -> torch.Generator:
     return g
 
 
-@dataclass
+def pool_pages(batch_size: int, max_positions: int, page_size: int) -> int:
+    """Pages of a pool holding ``batch_size`` requests of ``max_positions`` tokens: the block
+    tables' pages, rounded up so the pool has a multiple of ``SLOT_ALIGN`` rows (FlashMLA's
+    kernels view any pool in 64-row blocks); extra pages stay unused."""
+    used = batch_size * -(-max_positions // page_size)
+    if page_size >= SLOT_ALIGN:
+        return used
+    per = SLOT_ALIGN // page_size
+    return -(-used // per) * per
+
+
+def kv_pool_bytes(num_layers: int, batch_size: int, max_positions: int, page_size: int,
+                  row_bytes: int) -> int:
+    """Bytes of the paged KV pools of ``num_layers`` layers (``pool_pages`` pages each)."""
+    return num_layers * pool_pages(batch_size, max_positions, page_size) * page_size * row_bytes
+
+
+@dataclass(frozen=True)
 class Workload:
-    """Everything a backend needs for one point; built outside any timed region."""
+    """Everything a decode backend needs for one point; built in one call (``Workload.build``),
+    outside any timed region."""
 
     model: ModelConfig
     device: torch.device
@@ -54,12 +72,42 @@ class Workload:
     top_k: int
     num_layers: int
     seed: int
-    block_table: torch.Tensor = None   # int32 [batch, pages_per_request] (device)
-    kv_pools: Tuple[torch.Tensor, ...] = ()  # per layer [num_pages, page_size, row]
+    block_table: torch.Tensor     # int32 [batch, pages_per_request] (device)
+    kv_pools: Tuple[torch.Tensor, ...]  # per layer [num_pages, page_size, row]
+    phase: str = "decode"
+
+    @classmethod
+    def build(cls, *, model: ModelConfig, device: torch.device, kv_dtype: str, page_size: int,
+              seq_lens: np.ndarray, topk: Optional[np.ndarray], top_k: int, num_layers: int,
+              seed: int) -> "Workload":
+        """Allocates the block table (a seeded permutation of the pool's pages) and fills each
+        layer's pool with seeded random KV in ``kv_dtype``."""
+        batch, max_pos = int(seq_lens.shape[1]), int(seq_lens.max())
+        n_pages = pool_pages(batch, max_pos, page_size)
+        per_req = -(-max_pos // page_size)
+        perm = torch.randperm(n_pages, generator=seeded_generator(device, seed, 1),
+                              device=device).to(torch.int32)
+        block_table = perm[: batch * per_req].view(batch, per_req).contiguous()
+        pools = []
+        for layer in range(num_layers):
+            kv = torch.randn(n_pages * page_size, model.d_qk, generator=seeded_generator(device, seed, 2, layer),
+                             device=device).to(torch.bfloat16)
+            if kv_dtype == "fp8_ds_mla":
+                kv = kv_format.quantize_fp8_ds_mla(kv, d_nope=model.d_nope)
+            pools.append(kv.view(n_pages, page_size, -1))
+            del kv
+        return cls(model=model, device=device, kv_dtype=kv_dtype, page_size=page_size,
+                   seq_lens=seq_lens, topk=topk, top_k=top_k, num_layers=num_layers, seed=seed,
+                   block_table=block_table, kv_pools=tuple(pools))
 
     @property
     def batch_size(self) -> int:
         return int(self.seq_lens.shape[1])
+
+    @property
+    def num_rows(self) -> int:
+        """Query rows of one layer step (one per request in decode)."""
+        return self.batch_size
 
     @property
     def steps(self) -> int:
@@ -75,13 +123,8 @@ class Workload:
 
     @property
     def num_pages(self) -> int:
-        """Pages in the pool: the block tables' pages, rounded up so the pool has a multiple of
-        64 rows (FlashMLA's kernels view any pool in 64-row blocks); extra pages stay unused."""
-        used = self.batch_size * self.pages_per_request
-        if self.page_size >= SLOT_ALIGN:
-            return used
-        per = SLOT_ALIGN // self.page_size
-        return -(-used // per) * per
+        """Pages in the pool (``pool_pages``)."""
+        return pool_pages(self.batch_size, self.max_positions, self.page_size)
 
     @property
     def row_bytes(self) -> int:
@@ -90,26 +133,12 @@ class Workload:
     @property
     def kv_pool_bytes(self) -> int:
         """Bytes of the paged KV pools of all simulated layers."""
-        return self.num_layers * self.num_pages * self.page_size * self.row_bytes
+        return kv_pool_bytes(self.num_layers, self.batch_size, self.max_positions, self.page_size,
+                             self.row_bytes)
 
-    def build(self) -> "Workload":
-        """Allocates the block table and fills each layer's pool with seeded random KV."""
-        m, dev = self.model, self.device
-        g = seeded_generator(dev, self.seed, 1)
-        perm = torch.randperm(self.num_pages, generator=g, device=dev).to(torch.int32)
-        used = self.batch_size * self.pages_per_request
-        self.block_table = perm[:used].view(self.batch_size, self.pages_per_request).contiguous()
-        pools = []
-        for layer in range(self.num_layers):
-            gl = seeded_generator(dev, self.seed, 2, layer)
-            kv = torch.randn(self.num_pages * self.page_size, m.d_qk, generator=gl, device=dev)
-            kv = kv.to(torch.bfloat16)
-            if self.kv_dtype == "fp8_ds_mla":
-                kv = kv_format.quantize_fp8_ds_mla(kv, d_nope=m.d_nope)
-            pools.append(kv.view(self.num_pages, self.page_size, -1))
-            del kv
-        self.kv_pools = tuple(pools)
-        return self
+    def generator(self, *purpose: int) -> torch.Generator:
+        """A seeded torch generator on the workload's device, one stream per ``purpose``."""
+        return seeded_generator(self.device, self.seed, *purpose)
 
     def kv_flat(self, layer: int) -> torch.Tensor:
         """Layer's pool as flat rows [num_slots, row] (what the attention kernel takes)."""

@@ -1,6 +1,5 @@
-"""phase=extend (harness/extend.py): shared-prefix paged caches, the ragged gather, RAGGED top-k
+"""scenario=extend (harness/scenarios/extend.py, backends/flashmla_sparse.py): shared-prefix paged caches, the ragged gather, RAGGED top-k
 indices, the extend layer step against the references, the result rows, config checks."""
-import inspect
 import subprocess
 import sys
 from pathlib import Path
@@ -12,10 +11,13 @@ import torch
 
 from harness import results
 from harness.config import CONF_DIR, ModelConfig, load_model_preset
-from harness.extend import (EXTEND_STAGES, HISPARSE_INVALID, ExtendStep, ExtendWorkload, check_topk,
-                            pad_index_heads, ragged_gather, ragged_gather_ref, reference_attention,
-                            reference_logits, run_extend_point, selected_positions,
-                            shared_block_table)
+from backends.flashmla_sparse import FlashMLASparseBackend
+from backends.hisparse import EXTEND_UNSUPPORTED as HISPARSE_INVALID
+from backends.kernels.indexer import pad_index_heads
+from backends.kernels.ragged_gather import ragged_gather
+from harness.runner import run_point
+from harness.scenarios.extend import (ExtendWorkload, check_topk, ragged_gather_ref, reference_attention,
+                                      reference_logits, selected_positions, shared_block_table)
 from harness.indexer_ref import ragged_transform_ref, topk_ref
 from backends.kernels.kv_format import kv_cache_to_float
 from harness.timing import StageTimer
@@ -34,14 +36,23 @@ def _build(device, **kw):
                                 **{**SMALL, **kw})
 
 
+EXTEND_STAGES = FlashMLASparseBackend.extend_stages
+
+
+def _extend_step(ew, fuse: bool) -> FlashMLASparseBackend:
+    """The vLLM-style backend's extend step over ``ew`` with the step's top-k plan built."""
+    step = FlashMLASparseBackend(ew)
+    step.begin_extend_step(StageTimer(ew.device, cold_l2=False, launch_shield_us=0), fuse)
+    return step
+
+
 def _run_layer(ew, step_idx=0, layer=0, fuse=True):
-    step = ExtendStep(ew, fuse_topk=fuse)
-    step.begin_step()
+    step = _extend_step(ew, fuse)
     q = ew.q(step_idx, layer)
     qi, wi = ew.index_q(step_idx, layer)
     timer = StageTimer(ew.device)
     timer.begin()
-    out, lse = step.layer(layer, q, *pad_index_heads(qi, wi), timer)
+    out, lse = step.extend_layer(layer, q, *pad_index_heads(qi, wi), timer)
     t = timer.end()
     return step, q, qi, wi, out, lse, t
 
@@ -166,8 +177,7 @@ def test_ragged_indices_point_into_the_right_rows(ew_fp8, layer_run):
     pos = topk_ref(step.logits.cpu(), (ew.ke - ew.ks).cpu(), ew.top_k)
     assert torch.equal(step.indices.cpu(), ragged_transform_ref(pos, ew.ks.cpu()))
     # fused and unfused top-k + transform agree
-    unfused = ExtendStep(ew, fuse_topk=False)
-    unfused.begin_step()
+    unfused = _extend_step(ew, False)
     assert torch.equal(unfused.meta.select(step.logits), step.indices)
 
 
@@ -264,7 +274,7 @@ def point(tmp_path_factory):
     cfg = _compose("phase=extend", "backend=all", *POINT)
     validate(cfg)
     d = tmp_path_factory.mktemp("extend_point")
-    rows = run_extend_point(cfg, torch.device("cpu"), d, "python -m harness phase=extend", "h")
+    rows = run_point(cfg, torch.device("cpu"), d, "python -m harness phase=extend", "h")
     return cfg, d, rows
 
 
@@ -320,21 +330,9 @@ def test_phase_validation():
     validate(_compose("phase=decode", *POINT))
 
 
-def _dispatches() -> bool:
-    from harness import runner
-    return "run_extend_point" in inspect.getsource(runner.run_point)
-
-
-# until harness.runner.run_point dispatches phase=extend, the CLI runs with that dispatch patched in
-_PATCHED_CLI = ("import sys, harness.runner as r, harness.extend as e; o = r.run_point; "
-                "r.run_point = lambda cfg, *a: e.run_extend_point(cfg, *a) if cfg.phase == 'extend' "
-                "else o(cfg, *a); sys.argv[0] = 'harness'; from harness.cli import main; main()")
-
-
 def test_cli_extend(tmp_path):
     args = ["phase=extend", "backend=flashmla_sparse", *POINT, f"hydra.run.dir={tmp_path}"]
-    cmd = ["-m", "harness"] if _dispatches() else ["-c", _PATCHED_CLI]
-    r = subprocess.run([sys.executable, *cmd, *args], cwd=ROOT, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, capture_output=True, text=True,
                        timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     df = results.load(tmp_path)

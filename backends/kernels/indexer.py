@@ -417,3 +417,20 @@ def indexer_logits_ragged(q: torch.Tensor, weights: torch.Tensor, k: torch.Tenso
         H=H, D=D, PAGE=1, BLOCK_N=BLOCK_N, KV_FP8=is_fp8, PAGED=False, TILE_IN_PAGE=False,
         num_warps=NUM_WARPS, num_stages=NUM_STAGES, **_extra_launch_options())
     return out
+
+
+def pad_index_heads(q: torch.Tensor, w: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Zero-pads index heads to ``max(16, next_pow2(H))`` (the indexer kernel's minimum).
+
+    A padded head has q = 0 and weight 0, so it adds exactly 0 to every logit.
+    q bf16 ``[M, H, D]``, w float32 ``[M, H]`` -> ``[M, Hp, D]``, ``[M, Hp]`` (contiguous).
+    """
+    M, H, D = q.shape
+    Hp = max(16, triton.next_power_of_2(H))
+    if Hp == H:
+        return q.contiguous(), w.contiguous()
+    qp = torch.zeros(M, Hp, D, dtype=q.dtype, device=q.device)
+    wp = torch.zeros(M, Hp, dtype=w.dtype, device=w.device)
+    qp[:, :H] = q
+    wp[:, :H] = w
+    return qp, wp

@@ -1,4 +1,5 @@
-"""The extend (prefill) step, ``phase=extend``: indexer -> RAGGED top-k -> sparse attention.
+"""``scenario=extend`` (alias ``phase=extend``): the extend (prefill) step, indexer -> RAGGED top-k ->
+sparse attention.
 
 Workload
 --------
@@ -20,27 +21,8 @@ in ``kv_dtype``: ``fp8_ds_mla`` or ``bf16`` rows) and the paged fp8 index-key ca
 (``harness.index_cache.IndexKeyCache``, 132 B per token at ``index_dim`` 128), both addressed by
 the one block table ``int32 [B, max_pages]`` (``-1`` past a request's pages).
 
-The measured layer step (stages timed with ``harness.timing.StageTimer``)
------------------------------------------------------------------------
-``gather``
-    One Triton kernel (``ragged_gather``) reads every request's ``T_r`` tokens through the block
-    table and writes (a) the attention KV dequantized to a contiguous bf16 buffer
-    ``[N, d_qk]``, ``N = sum_r T_r``, requests concatenated (request ``r`` starts at row
-    ``cu[r]``; a shared prefix is gathered once per request, as vLLM's
-    ``cp_gather_and_upconvert_fp8_kv_cache`` / SGLang's ``dequantize_k_cache_paged`` do), and
-    (b) the fp8 index keys ``uint8 [N, index_dim]`` + scales ``float32 [N]`` in the same order
-    (vLLM's ``cp_gather_indexer_k_quant_cache``).
-``indexer``
-    ``indexer_logits_ragged`` over the concatenated index keys: ``M = B * E`` query rows, row
-    ``m = r * E + i`` scores keys ``[ks, ke) = [cu[r], cu[r] + prefix_len[r] + i + 1)``;
-    logits ``float32 [M, max_len]``.
-``topk``
-    ``IndexerMetadata.for_extend(ks, ke, top_k).select`` = ``topk_transform(...,
-    TopkTransformMethod.RAGGED, row_offsets=ks, fuse=selection.fuse_topk)``: int32 ``[M, top_k]``
-    rows of the ragged bf16 buffer (``-1`` padded when a row has fewer keys than ``top_k``).
-``attention``
-    ``sparse_mla_decode`` (or the ``attention_kernel=flashmla`` peer) with the query rows as its
-    batch axis, over the ragged bf16 buffer: out bf16 ``[M, H, d_v]``, lse float32 ``[M, H]``.
+The measured layer step is the backend's (``FlashMLASparseBackend.extend_layer``: stages
+``gather``, ``indexer``, ``topk``, ``attention``; see ``backends/flashmla_sparse.py``).
 
 The index heads are zero-padded to the indexer kernel's minimum (a power of two >= 16) with
 zero weights, which adds exactly 0 to every logit (so a model with e.g. 4 index heads runs).
@@ -58,9 +40,8 @@ Checks (every layer step, warm-up included; outside the timed region)
 
 Either beyond tolerance -> ``status=incorrect``.
 
-Backends: only ``flashmla_sparse`` serves extend; a ``hisparse`` row is ``status=invalid``
-(HiSparse is decode-only upstream: prefill runs with the KV on the GPU and is staged to host
-afterwards; the swap-in coordinator serves decode steps).
+Backends: those listing ``extend`` in their ``phases`` (``flashmla_sparse``); any other row is
+``status=invalid`` with the backend's reason (HiSparse is decode-only upstream).
 
 Counts (per query row, summed over measured steps, layers and rows as in decode):
 ``tokens_selected`` = distinct valid selected positions, ``pages_touched`` = distinct pages of
@@ -77,39 +58,33 @@ step's workspaces (ragged KV and keys, logits, indices).
 """
 from __future__ import annotations
 
-import logging
-import traceback
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 import torch
-import triton
-from omegaconf import OmegaConf
 
-from backends.base import BackendInvalid, BackendUnavailable
-from backends.kernels.ragged_gather import ragged_gather
-from harness import results
+from backends.base import ConfigError
 from backends.kernels import kv_format
-from harness.config import ModelConfig
 from backends.kernels.index_cache import IndexKeyCache, IndexKeyFormat
+from backends.kernels.indexer import pad_index_heads
+from harness.config import ModelConfig
 from harness.reference import convert_req_index_to_global_index_ref, sparse_mla_decode_on_slots_ref
-from harness.selection import distinct_counts
-from harness.timing import StageTimer
-from harness.validate import backends_of
+from harness.scenarios.base import LayerInputs, LayerResult, Scenario
+from harness.timing import StageTimer, TimingStats
 from harness.workload import Workload, seeded_generator, lse_error, relative_error
 
-log = logging.getLogger("harness")
-
-PHASE = "extend"
-#: stages of the extend layer step, in order
-EXTEND_STAGES = ("gather", "indexer", "topk", "attention")
 #: top-k check: |selected reference score - wanted reference score| <= rtol * max |row score|
 TOPK_SCORE_RTOL = 1e-4
-HISPARSE_INVALID = ("phase=extend: HiSparse is decode-only upstream (SGLang prefills with the KV "
-                    "on the GPU and stages it to host afterwards; the swap-in coordinator serves "
-                    "decode steps), so there is no HiSparse extend path to measure")
+
+
+@dataclass
+class ExtendSettings:
+    """``extend.*``: the extend (prefill) workload of ``scenario=extend``."""
+
+    shared_prefix: float = 0.5    # fraction of a group's shortest prefix its requests share (whole pages)
+    group_size: int = 2           # consecutive requests that share one prefix (1: no sharing)
+    prefix_spread: float = 0.25   # prefix lengths uniform in context_len * [1 - spread, 1 + spread]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -210,6 +185,7 @@ class ExtendWorkload:
     ks: torch.Tensor
     ke: torch.Tensor
     row_request: torch.Tensor
+    phase: str = "extend"
 
     @classmethod
     def build(cls, model: ModelConfig, device: torch.device, *, kv_dtype: str, page_size: int,
@@ -220,12 +196,12 @@ class ExtendWorkload:
         prefix, shared, group_of = extend_lengths(context_len, batch_size, page_size,
                                                   shared_prefix, group_size, prefix_spread, seed)
         total = prefix + extend_len
-        pool = Workload(model=model, device=device, kv_dtype=kv_dtype, page_size=page_size,
-                        seq_lens=total[None, :].astype(np.int32), topk=None, top_k=top_k,
-                        num_layers=num_layers, seed=seed).build()
+        pool = Workload.build(model=model, device=device, kv_dtype=kv_dtype, page_size=page_size,
+                              seq_lens=total[None, :].astype(np.int32), topk=None, top_k=top_k,
+                              num_layers=num_layers, seed=seed)
         bt, used = shared_block_table(total, shared, group_of, page_size, pool.num_pages, seed)
         caches = []
-        # seeded as harness.indexer_select does for decode; every slot (unused ones too, so
+        # seeded as backends.indexer_select does for decode; every slot (unused ones too, so
         # stray reads would show)
         slots = torch.arange(pool.num_pages * page_size, device=device)
         for layer in range(num_layers):
@@ -291,7 +267,7 @@ class ExtendWorkload:
 
     def index_q(self, step: int, layer: int) -> Tuple[torch.Tensor, torch.Tensor]:
         """Seeded index queries bf16 ``[M, index_heads, index_dim]`` and weights float32
-        ``[M, index_heads]`` (scaled by ``index_heads ** -0.5``, as ``harness.indexer_select``)."""
+        ``[M, index_heads]`` (scaled by ``index_heads ** -0.5``, as ``backends.indexer_select``)."""
         g = seeded_generator(self.device, self.seed, 5, step, layer)
         m = self.model
         q = torch.randn(self.num_rows, m.index_heads, m.index_dim, generator=g, device=self.device)
@@ -302,23 +278,6 @@ class ExtendWorkload:
         """Bytes of the paged KV and index keys of the pages in use, all simulated layers."""
         per_token = self.pool.row_bytes + self.index_caches[0].bytes_per_token
         return self.num_layers * self.pages_used * self.page_size * per_token
-
-
-def pad_index_heads(q: torch.Tensor, w: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Zero-pads index heads to ``max(16, next_pow2(H))`` (the indexer kernel's minimum).
-
-    A padded head has q = 0 and weight 0, so it adds exactly 0 to every logit.
-    q bf16 ``[M, H, D]``, w float32 ``[M, H]`` -> ``[M, Hp, D]``, ``[M, Hp]`` (contiguous).
-    """
-    M, H, D = q.shape
-    Hp = max(16, triton.next_power_of_2(H))
-    if Hp == H:
-        return q.contiguous(), w.contiguous()
-    qp = torch.zeros(M, Hp, D, dtype=q.dtype, device=q.device)
-    wp = torch.zeros(M, Hp, dtype=w.dtype, device=w.device)
-    qp[:, :H] = q
-    wp[:, :H] = w
-    return qp, wp
 
 
 # ----------------------------------------------------------------------------------------------
@@ -349,69 +308,6 @@ def ragged_gather_ref(ew: ExtendWorkload, layer: int) -> Tuple[torch.Tensor, tor
 # ----------------------------------------------------------------------------------------------
 # The layer step and its checks
 # ----------------------------------------------------------------------------------------------
-
-
-class ExtendStep:
-    """Per-point buffers and the measured extend layer step (``flashmla_sparse`` style)."""
-
-    def __init__(self, ew: ExtendWorkload, attention_kernel: str = "triton", fuse_topk: bool = True):
-        """Allocates the workspaces and resolves the attention kernel (``attention_kernel``:
-        triton | flashmla); raises BackendInvalid / BackendUnavailable as the decode backends do."""
-        from backends.attention import resolve_attention
-        m, dev = ew.model, ew.device
-        if m.index_dim < 16 or m.index_dim & (m.index_dim - 1):
-            raise BackendInvalid(f"model.index_dim={m.index_dim}: the indexer kernel needs a power "
-                                 "of two >= 16")
-        self.ew = ew
-        self.fuse_topk = fuse_topk
-        N, M = ew.num_tokens, ew.num_rows
-        self.kv = torch.empty(N, m.d_qk, dtype=torch.bfloat16, device=dev)
-        self.keys = torch.empty(N, m.index_dim, dtype=torch.uint8, device=dev)
-        self.key_scales = torch.empty(N, dtype=torch.float32, device=dev)
-        self.logits = torch.empty(M, ew.max_len, dtype=torch.float32, device=dev)
-        self.indices = torch.empty(M, ew.top_k, dtype=torch.int32, device=dev)
-        self.meta = None
-        self.plan_us: List[float] = []      # per step: building the top-k plan (untimed in samples)
-        self.plan_builds: List[int] = []    # per step: plan_topk calls (1: reused by every layer)
-        self.attention: Callable = resolve_attention(attention_kernel, dev, m.num_heads, m.d_qk,
-                                                     m.d_v, self.kv)
-
-    def workspace_bytes(self) -> int:
-        """Bytes of the step's device workspaces (ragged KV, index keys, logits, indices)."""
-        return sum(t.numel() * t.element_size()
-                   for t in (self.kv, self.keys, self.key_scales, self.logits, self.indices))
-
-    def begin_step(self) -> None:
-        """Per-step indexer metadata (RAGGED, one top-k plan reused by every layer), timed on its
-        own outside the layer samples (as ``harness.indexer_select`` does for decode)."""
-        from backends.kernels.topk import plan_build_count
-        from backends.kernels.topk_transform import IndexerMetadata
-        ew = self.ew
-        before = plan_build_count()
-        timer = StageTimer(ew.device, cold_l2=False, launch_shield_us=0)
-        timer.begin()
-        self.meta = timer.run("plan", lambda: IndexerMetadata.for_extend(
-            ew.ks, ew.ke, ew.top_k, max_len=ew.max_len, fuse_topk=self.fuse_topk))
-        self.plan_us.append(timer.end()["plan"])
-        self.plan_builds.append(plan_build_count() - before)
-
-    def layer(self, layer: int, q: torch.Tensor, q_idx: torch.Tensor, w_idx: torch.Tensor,
-              timer) -> Tuple[torch.Tensor, torch.Tensor]:
-        """One measured layer step. q bf16 ``[M, H, d_qk]``; q_idx bf16 ``[M, Hp, D]`` and
-        w_idx float32 ``[M, Hp]`` (heads padded, ``pad_index_heads``). Returns (out bf16
-        ``[M, H, d_v]``, lse float32 ``[M, H]``); the selection stays in ``self.indices``."""
-        from backends.kernels.indexer import indexer_logits_ragged
-        ew, m = self.ew, self.ew.model
-        timer.run("gather", lambda: ragged_gather(
-            ew.kv_flat(layer), ew.index_caches[layer].data, ew.block_table, ew.total_lens_dev,
-            ew.cu_dev, self.kv, self.keys, self.key_scales, page_size=ew.page_size,
-            d_nope=m.d_nope, d_rope=m.d_rope, max_len=ew.max_len))
-        timer.run("indexer", lambda: indexer_logits_ragged(
-            q_idx, w_idx, self.keys, ew.ks, ew.ke, k_scales=self.key_scales, max_len=ew.max_len,
-            out=self.logits))
-        timer.run("topk", lambda: self.meta.select(self.logits, out=self.indices))
-        return timer.run("attention", lambda: self.attention(
-            q, self.kv, self.indices, m.sm_scale, d_v=m.d_v))
 
 
 def selected_positions(ew: ExtendWorkload, indices: torch.Tensor) -> Tuple[torch.Tensor, Optional[str]]:
@@ -485,157 +381,110 @@ def check_topk(ref_logits: torch.Tensor, pos: torch.Tensor, lengths: torch.Tenso
 
 
 # ----------------------------------------------------------------------------------------------
-# The point
+# The scenario
 # ----------------------------------------------------------------------------------------------
 
 
-def make_extend_workload(cfg, device: torch.device) -> ExtendWorkload:
-    """The point's ``ExtendWorkload`` from a resolved RunConfig (not yet built)."""
-    model = ModelConfig(**OmegaConf.to_container(cfg.model, resolve=True))
-    e = cfg.extend
-    return ExtendWorkload.build(model, device, kv_dtype=cfg.kv_dtype, page_size=cfg.page_size,
-                                top_k=cfg.top_k, num_layers=cfg.num_layers, seed=cfg.seed,
-                                batch_size=cfg.batch_size, context_len=cfg.context_len,
-                                extend_len=cfg.extend_len, shared_prefix=e.shared_prefix,
-                                group_size=e.group_size, prefix_spread=e.prefix_spread)
+class ExtendScenario(Scenario):
+    """Every backend that serves the extend phase on one shared ``ExtendWorkload``."""
 
+    name = "extend"
+    phase = "extend"
+    settings = ExtendSettings
 
-def extend_base_row(cfg, device: torch.device, repro: str, cfg_hash: str) -> Dict:
-    """``runner.base_row`` with the extend columns: phase, selection/pattern = indexer."""
-    from harness.runner import base_row
-    row = base_row(cfg, None, device, repro, cfg_hash)  # context_len = cfg.context_len
-    row.update(phase=PHASE, selection="indexer", pattern="indexer", step_overlap=None,
-               cluster_len=None, fuse_topk=bool(cfg.selection.fuse_topk))
-    return row
+    @classmethod
+    def check(cls, cfg) -> None:
+        """The indexer selects inside the step, so there is no trace to replay."""
+        if cfg.selection.source == "trace" or cfg.selection.record:
+            raise ConfigError("selection", cfg.selection.source,
+                              "scenario=extend selects with the lightning indexer: no trace replay or "
+                              "record (use selection=synthetic, the default, or selection.source=indexer)")
+        e = cfg.extend
+        if not 0.0 <= e.shared_prefix <= 1.0:
+            raise ConfigError("extend.shared_prefix", e.shared_prefix, "must be a fraction in [0, 1]")
+        if e.group_size < 1:
+            raise ConfigError("extend.group_size", e.group_size, "must be an integer >= 1")
+        if not 0.0 <= e.prefix_spread < 1.0:
+            raise ConfigError("extend.prefix_spread", e.prefix_spread, "must be in [0, 1)")
 
+    @classmethod
+    def graphs_supported(cls) -> str:
+        return "scenario=extend runs eagerly: timing.cuda_graph is decode-only"
 
-def summarize_extend(samples: List[Dict[str, float]], sums: Dict, ew: ExtendWorkload, cfg,
-                     record: np.ndarray) -> Dict:
-    """``runner.summarize`` with the query rows as its rows and bf16 rows as the row size
-    (attention reads the ragged bf16 buffer), so ``bytes_hbm_read`` = per sample the queries
-    ``M*H*d_qk*2`` + index table ``M*top_k*4`` + each selected bf16 row once, ``bytes_selected``
-    = ``tokens_selected * 2 * d_qk`` and ``flops`` = ``2*H*(valid entries of record)*(d_qk +
-    d_v)``. ``record``: int32 ``[steps, layers, M, top_k]`` selected positions (-1 = none)."""
-    from harness.runner import summarize
-    m = ew.model
-    return summarize(samples, sums, model=m, rows=ew.num_rows, top_k=ew.top_k,
-                     row_bytes=kv_format.row_bytes("bf16", m.d_nope, m.d_rope), record=record,
-                     warmup_steps=cfg.timing.warmup_steps)
+    def prepare(self) -> Optional[str]:
+        cfg, e = self.cfg, self.cfg.extend
+        try:
+            self.ew = ExtendWorkload.build(
+                self.model, self.device, kv_dtype=cfg.kv_dtype, page_size=cfg.page_size,
+                top_k=cfg.top_k, num_layers=cfg.num_layers, seed=cfg.seed, batch_size=cfg.batch_size,
+                context_len=cfg.context_len, extend_len=cfg.extend_len, shared_prefix=e.shared_prefix,
+                group_size=e.group_size, prefix_spread=e.prefix_spread)
+        except (torch.OutOfMemoryError, MemoryError) as ex:
+            return f"extend caches do not fit: {str(ex).splitlines()[0]}"
+        self.row_lens = self.ew.row_lengths()
+        return None
 
+    def base_columns(self) -> Dict[str, object]:
+        """``context_len`` = the configured mean prefix; selection = pattern = indexer."""
+        return {**super().base_columns(), "selection": "indexer", "pattern": "indexer",
+                "step_overlap": None, "cluster_len": None,
+                "fuse_topk": bool(self.cfg.selection.fuse_topk), "context_len": self.cfg.context_len}
 
-def run_extend_backend(cfg, ew: ExtendWorkload, device: torch.device) -> Tuple[Dict, List[Dict]]:
-    """Runs every extend step and layer (``flashmla_sparse`` style). Returns (row, step_rows)."""
-    from harness.runner import STEP_STAGES, correctness
-    from harness.timing import TimingStats
-    name = "flashmla_sparse"
-    if cfg.timing.cuda_graph:
-        return {"backend": name, "status": "invalid",
-                "error": "phase=extend runs eagerly: timing.cuda_graph is decode-only"}, []
-    try:
-        step = ExtendStep(ew, attention_kernel=cfg.attention_kernel,
-                          fuse_topk=bool(cfg.selection.fuse_topk))
-    except BackendInvalid as e:
-        return {"backend": name, "status": "invalid", "error": str(e)}, []
-    except BackendUnavailable as e:
-        return {"backend": name, "status": "unavailable", "error": str(e)}, []
-    except (torch.OutOfMemoryError, MemoryError) as e:
-        return {"backend": name, "status": "oom",
-                "error": f"extend workspaces do not fit: {str(e).splitlines()[0]}"}, []
-    row: Dict = {"backend": name}
-    timer = StageTimer(device, cold_l2=cfg.timing.cold_l2, launch_shield_us=cfg.timing.launch_shield_us)
-    row_lens = ew.row_lengths()
-    samples: List[Dict[str, float]] = []
-    step_rows: List[Dict] = []
-    sums: Dict = {"tokens_selected": 0, "pages_touched": 0, "tokens_loaded": 0, "pages_loaded": 0,
-                  "bytes_h2d": 0, "hits": None, "misses": None}
-    max_err, max_lse, topk_bad = 0.0, 0.0, None
-    # the selections served: request-local positions, -1 padded (flops count its valid entries)
-    record = np.full((cfg.steps, ew.num_layers, ew.num_rows, ew.top_k), -1, dtype=np.int32)
-    try:
-        for s in range(cfg.steps):
-            warm = s < cfg.timing.warmup_steps
-            step.begin_step()
-            for layer in range(ew.num_layers):
-                q = ew.q(s, layer)
-                qi, wi = ew.index_q(s, layer)
-                qi_p, wi_p = pad_index_heads(qi, wi)
-                timer.begin()
-                out, lse = step.layer(layer, q, qi_p, wi_p, timer)
-                t = timer.end()
-                t["select"] = t["indexer"] + t["topk"]
-                # ---- checks (untimed) ----
-                pos, outside = selected_positions(ew, step.indices)
-                ref_out, ref_lse = reference_attention(ew, layer, q, pos)
-                max_err = max(max_err, relative_error(out, ref_out))
-                max_lse = max(max_lse, lse_error(lse, ref_lse))
-                bad = outside or check_topk(reference_logits(ew, layer, qi, wi), pos,
-                                            ew.ke - ew.ks)
-                if bad and topk_bad is None:
-                    topk_bad = f"step {s} layer {layer}: {bad}"
-                record[s, layer] = pos.cpu().numpy()
-                tok, pages = distinct_counts(record[s, layer], ew.page_size)
-                stages = {f"stage_{k}_us": v for k, v in t.items() if k in STEP_STAGES}
-                for r in range(ew.num_rows):
-                    sr = {"backend": name, "step": s, "layer": layer, "request": r, "warmup": warm,
-                          "seq_len": int(row_lens[r]), "tokens_selected": int(tok[r]),
-                          "pages_touched": int(pages[r]), "tokens_loaded": 0, "pages_loaded": 0,
-                          "bytes_h2d": 0, "latency_us": t["total"], **stages}
-                    step_rows.append(sr)
-                if not warm:
-                    samples.append(t)
-                    sums["tokens_selected"] += int(tok.sum())
-                    sums["pages_touched"] += int(pages.sum())
-    except BackendInvalid as e:
-        return {**row, "status": "invalid", "error": str(e)}, step_rows
-    except (torch.OutOfMemoryError, MemoryError) as e:
-        return {**row, "status": "oom",
-                "error": f"out of memory while running: {str(e).splitlines()[0]}"}, step_rows
-    row["working_set_bytes"] = ew.cache_bytes() + step.workspace_bytes()
-    row["host_bytes"] = 0
-    row.update(summarize_extend(samples, sums, ew, cfg, record))
-    row["stage_plan_us"] = TimingStats.of(step.plan_us).median_us
-    row["plan_builds_per_step"] = float(np.mean(step.plan_builds))
-    row.update(correctness(max_err, max_lse, cfg.timing.check_tolerance,
-                           f"top-k check: {topk_bad}" if topk_bad else None))
-    return row, step_rows
+    @property
+    def steps(self) -> int:
+        return self.cfg.steps
 
+    @property
+    def num_layers(self) -> int:
+        return self.ew.num_layers
 
-def run_extend_point(cfg, device: torch.device, job_dir: Path, repro: str, cfg_hash: str) -> List[Dict]:
-    """Runs the extend point for every requested backend; writes ``result.parquet`` and
-    ``steps.parquet`` atomically (same contract as ``harness.runner.run_point``).
+    @property
+    def rows(self) -> int:
+        return self.ew.num_rows
 
-    Returns one row per backend (``harness.results.COLUMNS`` keys); ``hisparse`` is
-    ``status=invalid``.
-    """
-    names = backends_of(cfg)
-    base = extend_base_row(cfg, device, repro, cfg_hash)
-    try:
-        ew = make_extend_workload(cfg, device)
-    except (torch.OutOfMemoryError, MemoryError) as e:
-        err = f"extend caches do not fit: {str(e).splitlines()[0]}"
-        rows = [{**base, "backend": n, "status": "invalid" if n == "hisparse" else "oom",
-                 "error": HISPARSE_INVALID if n == "hisparse" else err} for n in names]
-        results.write_results(job_dir, rows)
-        return rows
-    rows, step_rows = [], []
-    for name in names:
-        if name != "flashmla_sparse":
-            row, srows = {"backend": name, "status": "invalid",
-                          "error": HISPARSE_INVALID if name == "hisparse"
-                          else f"backend {name} has no extend path"}, []
-        else:
-            try:
-                row, srows = run_extend_backend(cfg, ew, device)
-            except Exception as e:  # recorded, and the sweep goes on
-                log.error("backend %s failed (extend):\n%s", name, traceback.format_exc())
-                row, srows = {"backend": name, "status": "error", "error": f"{type(e).__name__}: {e}"}, []
-        rows.append({**base, **row})
-        step_rows += srows
-        log.info("%-16s %-9s extend median %9.1f us  err %.2e  %s", name, rows[-1]["status"],
-                 rows[-1].get("latency_us_median", float("nan")),
-                 rows[-1].get("max_rel_err") or float("nan"), rows[-1].get("error") or "")
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    results.write_steps(job_dir, step_rows)
-    results.write_results(job_dir, rows)
-    return rows
+    @property
+    def attention_row_bytes(self) -> int:
+        """Attention reads the ragged bf16 buffer."""
+        m = self.model
+        return kv_format.row_bytes("bf16", m.d_nope, m.d_rope)
+
+    def open_backend(self, cls, settings):
+        self.topk_bad: Optional[str] = None
+        return cls(self.ew, settings, attention_kernel=self.cfg.attention_kernel)
+
+    def begin_step(self, be, step: int) -> None:
+        be.begin_extend_step(StageTimer(self.device, cold_l2=False, launch_shield_us=0),
+                             bool(self.cfg.selection.fuse_topk))
+
+    def layer_inputs(self, be, step: int, layer: int) -> LayerInputs:
+        qi, wi = self.ew.index_q(step, layer)
+        qi_p, wi_p = pad_index_heads(qi, wi)
+        return LayerInputs(step, layer, {"q": self.ew.q(step, layer), "q_idx": qi_p, "w_idx": wi_p},
+                           extra={"q_idx": qi, "w_idx": wi})
+
+    def run_layer(self, be, x: LayerInputs, timer):
+        t = x.tensors
+        return be.extend_layer(x.layer, t["q"], t["q_idx"], t["w_idx"], timer)
+
+    def stage_times(self, t: Dict[str, float]) -> Dict[str, float]:
+        t["select"] = t["indexer"] + t["topk"]
+        return t
+
+    def check_layer(self, be, x: LayerInputs, out, lse) -> LayerResult:
+        ew = self.ew
+        pos, outside = selected_positions(ew, be.indices)
+        ref_out, ref_lse = reference_attention(ew, x.layer, x.tensors["q"], pos)
+        bad = outside or check_topk(reference_logits(ew, x.layer, x.extra["q_idx"], x.extra["w_idx"]), pos,
+                                    ew.ke - ew.ks)
+        if bad and self.topk_bad is None:
+            self.topk_bad = f"step {x.step} layer {x.layer}: {bad}"
+        return LayerResult(pos.cpu().numpy().astype(np.int32), self.row_lens, relative_error(out, ref_out),
+                           lse_error(lse, ref_lse))
+
+    def selection_error(self) -> Optional[str]:
+        return f"top-k check: {self.topk_bad}" if self.topk_bad else None
+
+    def backend_columns(self, be) -> Dict[str, object]:
+        return {"working_set_bytes": be.working_set_bytes(), "host_bytes": 0,
+                "stage_plan_us": TimingStats.of(be.plan_us).median_us,
+                "plan_builds_per_step": float(np.mean(be.plan_builds))}
