@@ -272,7 +272,7 @@ def _capacity_cols(a: Analysis, c: pd.DataFrame) -> List[str]:
 def _md_capacity(a: Analysis, hbm_gb: float, reserve_gb: float) -> List[str]:
     lines = ["## Capacity: requests held and decode throughput", "",
              f"KV budget = {hbm_gb:g} GB HBM - {reserve_gb:g} GB reserved for weights and activations "
-             f"= {hbm_gb - reserve_gb:g} GB, over the model's {mdl.DSV32.num_layers} layers. flashmla_sparse "
+             f"= {hbm_gb - reserve_gb:g} GB, over the model's {mdl.model_preset('dsv32').layers} layers. flashmla_sparse "
              "keeps the whole KV (context x 61 x (row bytes + index key bytes; 132 B at dsv32)); hisparse "
              "keeps (min(device_buffer_size, context) + page) x 61 x row bytes plus the index keys "
              "(context x 61 x 132 B) on the GPU and the full KV in host memory. tokens/s = batch / (61 x per-layer step time); the step time at the "

@@ -9,6 +9,7 @@ import pytest
 
 from harness.analysis import capacity as cap
 from harness.analysis import model as mdl
+from harness.analysis import rows
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -81,7 +82,7 @@ CEIL = mdl.Ceilings(name="test", hbm_gbps=1000.0, h2d_gbps=10.0, bf16_tflops=1.0
 
 
 def hisparse_row(**kw):
-    r = dict(backend="hisparse", batch_size=2, context_len=1000, top_k=100, kv_row_bytes=656,
+    r = dict(backend="hisparse", model="dsv32", batch_size=2, context_len=1000, top_k=100, kv_row_bytes=656,
              device_buffer_size=200, steps=1, num_layers=1, tokens_selected=200,
              bytes_selected=200 * 656, bytes_h2d=100 * 656, status="ok")
     r.update(kw)
@@ -106,7 +107,7 @@ def test_stage_times_by_hand():
 
 def test_memory_bound_attention_and_flashmla_stages():
     # big rows, few FLOPs: attention becomes bandwidth-bound
-    row = dict(backend="flashmla_sparse", batch_size=1, context_len=100, top_k=10, kv_row_bytes=10**6,
+    row = dict(backend="flashmla_sparse", model="dsv32", batch_size=1, context_len=100, top_k=10, kv_row_bytes=10**6,
                steps=2, num_layers=5, tokens_selected=100, bytes_selected=100 * 10**6)
     work = mdl.stage_work(row)
     assert set(work) == {"select", "transform", "attention"}
@@ -170,10 +171,6 @@ def test_hardware_files():
     assert hw["h200"].is_placeholder and hw["h200"].hbm_capacity_gb == 141
     assert (hw["gh200"].h2d_gbps, hw["gh200"].hbm_gbps, hw["gh200"].bf16_tflops) == (375, 4000, 990)
     assert (hw["b200"].hbm_gbps, hw["b200"].h2d_gbps, hw["b200"].bf16_tflops) == (8000, 55, 2250)
-    # the no-PyYAML fallback parser reads the same values
-    for p in (REPO / "conf/hardware").glob("*.yaml"):
-        flat = mdl._parse_flat_yaml(p.read_text())
-        assert flat["h2d_gbps"] == (None if hw[p.stem].h2d_gbps is None else hw[p.stem].h2d_gbps)
 
 
 def test_hardware_file_rejects_unknown_keys(tmp_path):
@@ -185,26 +182,29 @@ def test_hardware_file_rejects_unknown_keys(tmp_path):
 
 # --------------------------------------------------------------------------- capacity
 
+DSV32 = mdl.model_preset("dsv32")
+
+
 def test_kv_bytes_and_max_batch_by_hand():
-    fm, fm_host = cap.kv_bytes_per_request("flashmla_sparse", 131072, 656)
+    fm, fm_host = cap.kv_bytes_per_request(DSV32, "flashmla_sparse", 131072, 656)
     assert fm == 131072 * 61 * (656 + 132) == 6_300_368_896 and fm_host == 0
-    hs, hs_host = cap.kv_bytes_per_request("hisparse", 131072, 656, device_buffer_size=4096, page_size=64)
+    hs, hs_host = cap.kv_bytes_per_request(DSV32, "hisparse", 131072, 656, device_buffer_size=4096, page_size=64)
     assert hs == (4096 + 64) * 61 * 656 + 131072 * 61 * 132 == 1_221_858_304
     assert hs_host == 131072 * 61 * 656
     assert cap.max_batch(51e9, fm) == 8 and cap.max_batch(51e9, hs) == 41
     # a short request keeps only its page-aligned length (SGLang alloc_device_buffer)
-    short, _ = cap.kv_bytes_per_request("hisparse", 1000, 656, device_buffer_size=4096, page_size=64)
+    short, _ = cap.kv_bytes_per_request(DSV32, "hisparse", 1000, 656, device_buffer_size=4096, page_size=64)
     assert short == (1024 + 64) * 61 * 656 + 1000 * 61 * 132
 
 
 def test_step_time_scaling_and_throughput():
     a, b, how = cap.fit_step_time([4], [100.0])
     assert (a, b) == (0.0, 25.0) and how.startswith("proportional")
-    assert cap.throughput_tokens_per_s(32, a + b * 32) == pytest.approx(4 / (61 * 100e-6))
+    assert cap.throughput_tokens_per_s(DSV32, 32, a + b * 32) == pytest.approx(4 / (61 * 100e-6))
     a, b, how = cap.fit_step_time([1, 4], [40.0, 100.0])
     assert (a, b) == pytest.approx((20.0, 20.0)) and how.startswith("affine")
-    assert cap.throughput_tokens_per_s(8, a + b * 8) == pytest.approx(8 / (61 * 180e-6))
-    assert cap.throughput_tokens_per_s(0, 10.0) == 0.0
+    assert cap.throughput_tokens_per_s(DSV32, 8, a + b * 8) == pytest.approx(8 / (61 * 180e-6))
+    assert cap.throughput_tokens_per_s(DSV32, 0, 10.0) == 0.0
 
 
 def test_swap_in_includes_coordinator_when_transform_not_timed():
@@ -225,10 +225,39 @@ def test_counts_are_per_measured_layer_step_and_model_preset():
     w = mdl.stage_work(row)
     assert w["attention"].flops == pytest.approx(200 * 2 * 128 * 1088)
     assert w["swap_in"].h2d_bytes == pytest.approx(100 * 656)
-    # the tiny preset (conf/model/tiny.yaml): 16 heads, d_qk 256+64, d_v 256, indexer 4 x 64
-    tiny = mdl.shape_for("tiny")
-    assert (tiny.num_heads, tiny.d_qk, tiny.d_v, tiny.index_key_bytes, tiny.num_layers) == (16, 320, 256, 68, 61)
-    assert mdl.shape_for("dsv32") == mdl.DSV32 and mdl.shape_for("no-such-model") == mdl.DSV32
+    # the tiny preset (conf/model/tiny.yaml): 16 heads, d_qk 256+64, d_v 256, indexer 16 x 64
+    tiny = mdl.model_preset("tiny")
+    assert (tiny.num_heads, tiny.d_qk, tiny.d_v, mdl.index_key_bytes(tiny), tiny.layers) == (16, 320, 256, 68, 61)
+    assert (DSV32.num_heads, DSV32.d_qk, DSV32.d_v, mdl.index_key_bytes(DSV32), DSV32.layers) == (128, 576, 512, 132, 61)
     wt = mdl.stage_work(dict(row, model="tiny"))
     assert wt["attention"].flops == pytest.approx(200 * 2 * 16 * (320 + 256))
     assert wt["select"].hbm_bytes == pytest.approx(2 * 1000 * (68 + 8))
+    assert wt["select"].flops == pytest.approx(2 * 1000 * 2 * 16 * 64)
+    # a model given explicitly wins over the row's column
+    assert mdl.stage_work(row, tiny)["attention"].flops == wt["attention"].flops
+    # a row whose model has no preset (or names none) is refused, naming the presets
+    for bad in ("no-such-model", None, float("nan")):
+        with pytest.raises(ValueError, match=r"model=.*allowed \[.*'dsv32'.*'tiny'"):
+            mdl.stage_work(dict(row, model=bad))
+
+
+def test_measured_layer_steps_rows_and_frames_agree():
+    """One function: a row gives a float, a frame a Series on its index, the same per row;
+    warmup_steps missing counts as 0; n_samples where the steps give no positive count."""
+    recs = [dict(steps=5, warmup_steps=2, num_layers=2, n_samples=99),   # 3 * 2
+            dict(steps=5, warmup_steps=None, num_layers=3, n_samples=99),  # warm-up unknown: 5 * 3
+            dict(steps=None, warmup_steps=1, num_layers=2, n_samples=7),   # steps unknown: n_samples
+            dict(steps=2, warmup_steps=2, num_layers=4, n_samples=5),      # nothing measured: n_samples
+            dict(steps=2, warmup_steps=2, num_layers=4, n_samples=None),   # neither: NaN
+            dict(steps=3, warmup_steps=1, num_layers=None, n_samples=0)]   # neither: NaN
+    want = [6.0, 15.0, 7.0, 5.0, float("nan"), float("nan")]
+    df = pd.DataFrame(recs, index=[10, 11, 12, 13, 14, 15]).astype("Int64")
+    per = rows.measured_layer_steps(df)
+    assert list(per.index) == [10, 11, 12, 13, 14, 15] and per.dtype == "float64"
+    assert per.tolist() == pytest.approx(want, nan_ok=True)
+    for i, (r, w) in enumerate(zip(df.to_dict("records"), want)):
+        got = rows.measured_layer_steps(r)
+        assert isinstance(got, float) and got == pytest.approx(w, nan_ok=True), i
+    # a frame without the warmup_steps and n_samples columns
+    bare = df[["steps", "num_layers"]].iloc[:2]
+    assert rows.measured_layer_steps(bare).tolist() == [10.0, 15.0]

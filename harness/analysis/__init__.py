@@ -4,22 +4,23 @@ projections and capacity. ``harness.report`` puts them together; the notebook
 
 Modules (one job each):
 
+* ``rows``     NA-safe values of results rows, backend family, measured layer steps
 * ``tables``   per-backend and side-by-side tables (ratio, winner, bytes per tier, amplification)
 * ``figures``  matplotlib figures (heatmap, latency vs top-k, amplification, stages, hit rate)
 * ``claims``   verdicts on the seed article's claims
 * ``model``    uniform-random page bound, per-stage roofline, hardware projections
 * ``capacity`` requests per HBM budget and decode throughput
 """
-from .model import (Ceilings, ModelShape, DSV32, expected_amplification_uniform, expected_pages_uniform,
-                    load_hardware, predict, project)
+from .model import (Ceilings, expected_amplification_uniform, expected_pages_uniform, load_hardware,
+                    model_preset, predict, project)
 from .tables import (AxisRoles, apply_filter, axis_roles, derive, per_backend_table, to_markdown,
                      tradeoff_table)
 from .claims import Claim, check_claims, claims_frame
 from .capacity import capacity_table, kv_bytes_per_request
 
 __all__ = [
-    "Ceilings", "ModelShape", "DSV32", "expected_amplification_uniform", "expected_pages_uniform",
-    "load_hardware", "predict", "project", "AxisRoles", "apply_filter", "axis_roles", "derive",
+    "Ceilings", "expected_amplification_uniform", "expected_pages_uniform", "load_hardware",
+    "model_preset", "predict", "project", "AxisRoles", "apply_filter", "axis_roles", "derive",
     "per_backend_table", "to_markdown", "tradeoff_table", "Claim", "check_claims", "claims_frame",
     "capacity_table", "kv_bytes_per_request",
 ]

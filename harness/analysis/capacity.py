@@ -4,7 +4,8 @@ throughput at that batch. This is the trade-off HiSparse exists for.
 Units: bytes (GB = 1e9 B) for memory, µs for the per-layer step time, tokens/s for throughput.
 
 KV bytes on the GPU per request, for a model of L layers (61 for DeepSeek-V3.2), row bytes R
-(656 fp8 / 1152 bf16 per token per layer) and index keys I = 132 B per token per layer:
+(656 fp8 / 1152 bf16 per token per layer) and index keys I = 132 B per token per layer (L is
+the ``layers`` of the model's ``harness.config.ModelConfig``, I its ``model.index_key_bytes``):
 
 * flashmla_sparse: the whole KV is resident: context * L * (R + I).
 * hisparse: the hot buffer of ``device_buffer_size`` slots plus one page for the newest token,
@@ -26,8 +27,11 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import pandas as pd
 
-from .model import DSV32, ModelShape, shape_for
-from .tables import BASE, COORD, AxisRoles, _py, _sort_key, num
+from harness.config import ModelConfig
+
+from .model import index_key_bytes, model_preset
+from .rows import num
+from .tables import BASE, COORD, AxisRoles, _py, _sort_key
 
 DEFAULT_HBM_GB = 141.0
 #: weights + activations kept out of the KV budget by default (GB): DeepSeek-V3.2's ~671 B
@@ -35,11 +39,11 @@ DEFAULT_HBM_GB = 141.0
 DEFAULT_RESERVE_GB = 90.0
 
 
-def kv_bytes_per_request(fam: str, context_len: int, kv_row_bytes: int,
-                         device_buffer_size: Optional[int] = None, page_size: Optional[int] = None,
-                         shape: ModelShape = DSV32) -> Tuple[float, float]:
-    """(GPU bytes, host bytes) one request needs across ``shape.num_layers`` layers."""
-    L, I, N, R = shape.num_layers, shape.index_key_bytes, int(context_len), int(kv_row_bytes)
+def kv_bytes_per_request(model: ModelConfig, fam: str, context_len: int, kv_row_bytes: int,
+                         device_buffer_size: Optional[int] = None,
+                         page_size: Optional[int] = None) -> Tuple[float, float]:
+    """(GPU bytes, host bytes) one request needs across the ``model.layers`` layers."""
+    L, I, N, R = model.layers, index_key_bytes(model), int(context_len), int(kv_row_bytes)
     if fam == BASE:
         return float(N * L * (R + I)), 0.0
     if fam == COORD:
@@ -71,20 +75,21 @@ def fit_step_time(batches: List[float], times_us: List[float]) -> Tuple[float, f
     return 0.0, float(t_arr[i] / b_arr[i]), f"proportional from batch {int(b_arr[i])}"
 
 
-def throughput_tokens_per_s(batch: int, step_us: float, shape: ModelShape = DSV32) -> float:
-    """Decode tokens/s for ``batch`` requests at ``step_us`` per layer step: batch / (L * t)."""
+def throughput_tokens_per_s(model: ModelConfig, batch: int, step_us: float) -> float:
+    """Decode tokens/s for ``batch`` requests at ``step_us`` per layer step: batch / (L * t), L the
+    ``model.layers``."""
     if batch <= 0 or not np.isfinite(step_us) or step_us <= 0:
         return 0.0
-    return batch / (shape.num_layers * step_us * 1e-6)
+    return batch / (model.layers * step_us * 1e-6)
 
 
 def capacity_table(pb: pd.DataFrame, roles: AxisRoles, hbm_gb: float = DEFAULT_HBM_GB,
                    reserve_gb: float = DEFAULT_RESERVE_GB, latency_col: str = "latency_us_median",
-                   shape: Optional[ModelShape] = None) -> pd.DataFrame:
+                   model: Optional[ModelConfig] = None) -> pd.DataFrame:
     """One row per (cell without batch_size, backend variant) over the ok rows of
     ``per_backend_table``: GPU and host GB per request, the batch that fits in
-    ``hbm_gb - reserve_gb``, the step time there and the decode throughput. ``shape`` (layers,
-    index key bytes) defaults to each row's model preset."""
+    ``hbm_gb - reserve_gb``, the step time there and the decode throughput. ``model`` (layers,
+    index key bytes) defaults to the preset each row's ``model`` column names."""
     budget = (hbm_gb - reserve_gb) * 1e9
     ok = pb[(pb["status"] == "ok") & np.isfinite(num(pb[latency_col]))] if not pb.empty else pb
     keys = [c for c in roles.cell if c != "batch_size"] + ["family"] + roles.variant_columns()
@@ -99,9 +104,9 @@ def capacity_table(pb: pd.DataFrame, roles: AxisRoles, hbm_gb: float = DEFAULT_H
         ctx, row_b = _py(r0.get("context_len")), _py(r0.get("kv_row_bytes"))
         if ctx is None or row_b is None:
             continue
-        sh = shape or shape_for(r0.get("model"))
-        gpu, host = kv_bytes_per_request(fam, ctx, row_b, _py(r0.get("device_buffer_size")),
-                                         _py(r0.get("page_size")), sh)
+        m = model or model_preset(r0.get("model"))
+        gpu, host = kv_bytes_per_request(m, fam, ctx, row_b, _py(r0.get("device_buffer_size")),
+                                         _py(r0.get("page_size")))
         nb = max_batch(budget, gpu)
         batches = [float(r.get("batch_size") or 1) for r in recs]
         times = [float(r[latency_col]) for r in recs]
@@ -114,9 +119,9 @@ def capacity_table(pb: pd.DataFrame, roles: AxisRoles, hbm_gb: float = DEFAULT_H
             "gpu_GB_per_request": gpu / 1e9, "host_GB_per_request": host / 1e9,
             "kv_budget_GB": budget / 1e9, "max_batch": nb,
             "measured_batch": int(batches[i]), "measured_step_us": times[i],
-            "measured_tokens_per_s": throughput_tokens_per_s(int(batches[i]), times[i], sh),
+            "measured_tokens_per_s": throughput_tokens_per_s(m, int(batches[i]), times[i]),
             "step_us_at_max_batch": t_at,
-            "tokens_per_s_at_max_batch": throughput_tokens_per_s(nb, t_at, sh),
+            "tokens_per_s_at_max_batch": throughput_tokens_per_s(m, nb, t_at),
             "scaling": how,
         })
         rows.append(row)

@@ -17,7 +17,8 @@ import numpy as np
 import pandas as pd
 
 from .model import expected_pages_uniform
-from .tables import BASE, COORD, AxisRoles, _py, _sort_key, fmt, measured_layer_steps, num, outcome
+from .rows import measured_layer_steps, num
+from .tables import BASE, COORD, AxisRoles, _py, _sort_key, fmt, outcome
 
 HOLDS, FAILS, DEPENDS, NO_DATA = "holds", "does not hold", "depends on", "not enough data"
 DEFAULT_TOL = 0.05

@@ -19,7 +19,8 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import NullLocator
 
 from .model import expected_amplification_uniform
-from .tables import COORD, FAMILIES, AxisRoles, _py, _sort_key, num
+from .rows import num
+from .tables import COORD, FAMILIES, AxisRoles, _py, _sort_key
 
 MAX_FIGURES = 12   #: per kind; further combinations are listed in the note
 STAGES = (("stage_select_us", "select (indexer + top-k)"), ("stage_transform_us", "transform"),

@@ -33,12 +33,14 @@ hardware YAML, for projections). What each stage moves (``stage_work``):
   bookkeeping and copy together as ``swap_in``; when a row has no ``transform`` time of its own,
   its predicted ``swap_in`` is the sum of both kernels (``stage_times_us``).
 
-Only the stages a row measured are modelled (e.g. ``select`` only with ``selection=indexer``),
-so predicted and measured totals cover the same work. Shapes (heads, dims, indexer) come from
-the row's model preset, ``conf/model/<model>.yaml`` (``shape_for``).
 * ``attention`` (1 kernel): reads the counted ``bytes_selected`` (selected KV rows) plus the bf16
-  query (576 values) and writes the bf16 output (512 values) per head; FLOPs
+  query (d_qk = 576 values) and writes the bf16 output (d_v = 512 values) per head; FLOPs
   2 * 128 heads * (576 + 512) per selected token (QK^T and PV).
+
+Only the stages a row measured are modelled (e.g. ``select`` only with ``selection=indexer``),
+so predicted and measured totals cover the same work. The shapes (heads, dims, indexer; the
+numbers above are dsv32's) are the ``harness.config.ModelConfig`` of the preset the row's
+``model`` column names, ``conf/model/<model>.yaml`` (``model_preset``).
 
 The fixed launch cost per kernel defaults to 5 µs (anchors.md B4: 4-6 µs through the driver; a
 tiny torch op from Python costs about 6 µs on the H200 we measured).
@@ -59,6 +61,11 @@ from typing import Dict, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
+from omegaconf import OmegaConf
+
+from harness.config import CONF_DIR, ModelConfig, load_model_preset
+
+from .rows import family, measured_layer_steps, number
 
 STAGES = ("select", "transform", "swap_in", "attention")
 
@@ -74,62 +81,29 @@ STAGE_KERNELS = {"select": 2, "transform": 1, "swap_in": 1, "attention": 1}
 DEFAULT_LAUNCH_US = 5.0
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    """DeepSeek-V3.2 attention shapes. Bytes are per token per layer."""
-
-    num_heads: int = 128
-    d_qk: int = 576
-    d_v: int = 512
-    index_heads: int = 64
-    index_dim: int = 128
-    index_key_bytes: int = 132
-    num_layers: int = 61
-    kv_row_bytes_fp8: int = 656
-    kv_row_bytes_bf16: int = 1152
-
-    def attention_flops_per_token(self) -> float:
-        """FLOPs of one query (all heads) against one selected KV row: 2*H*(d_qk + d_v)."""
-        return 2.0 * self.num_heads * (self.d_qk + self.d_v)
-
-    def indexer_flops_per_token(self) -> float:
-        """FLOPs of the lightning indexer per context token per query: 2*64*128."""
-        return 2.0 * self.index_heads * self.index_dim
+#: bytes of a token's lightning-indexer key per layer besides its index_dim fp8 values: one
+#: float32 scale (the fp8 layout of backends/kernels/index_cache.py)
+INDEX_KEY_SCALE_BYTES = 4
 
 
-DSV32 = ModelShape()
-MODEL_CONF_DIR = Path(__file__).resolve().parents[2] / "conf" / "model"
+def model_preset(name: object) -> ModelConfig:
+    """The ``ModelConfig`` of the model preset ``conf/model/<name>.yaml`` (a results row's
+    ``model`` column: dsv32, tiny). ValueError naming the presets when there is none."""
+    presets = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
+    if not isinstance(name, str) or name not in presets:
+        raise ValueError(f"model={name!r}: no preset conf/model/<model>.yaml; allowed {presets}")
+    return replace(_preset(name))
 
 
 @lru_cache(maxsize=None)
-def shape_for(model: Optional[str]) -> ModelShape:
-    """The shapes of a model preset, read from ``conf/model/<model>.yaml`` (keys num_heads,
-    d_nope, d_rope, d_v, index_heads, index_dim, layers); DSV32 when unknown."""
-    f = MODEL_CONF_DIR / f"{model}.yaml"
-    if not model or not f.is_file():
-        return DSV32
-    try:
-        import yaml
-        c = yaml.safe_load(f.read_text()) or {}
-    except ImportError:
-        c = _parse_flat_yaml(f.read_text())
-    try:
-        return ModelShape(num_heads=int(c["num_heads"]), d_qk=int(c["d_nope"]) + int(c["d_rope"]),
-                          d_v=int(c["d_v"]), index_heads=int(c["index_heads"]),
-                          index_dim=int(c["index_dim"]), index_key_bytes=int(c["index_dim"]) + 4,
-                          num_layers=int(c["layers"]))
-    except (KeyError, TypeError, ValueError):
-        return DSV32
+def _preset(name: str) -> ModelConfig:
+    return ModelConfig(**load_model_preset(name))
 
 
-def measured_layer_steps(row: Mapping) -> float:
-    """Measured layer steps of a row: (steps - warmup_steps) * num_layers (the counts are summed
-    over these, and over requests), falling back to ``n_samples``."""
-    steps, warm, layers = _f(row, "steps"), _f(row, "warmup_steps"), _f(row, "num_layers")
-    per = (steps - (warm if np.isfinite(warm) else 0.0)) * layers
-    if not (np.isfinite(per) and per > 0):
-        per = _f(row, "n_samples")
-    return per if np.isfinite(per) and per > 0 else float("nan")
+def index_key_bytes(model: ModelConfig) -> int:
+    """Bytes of one token's fp8 lightning-indexer key in one layer: index_dim + a float32 scale
+    (132 B at dsv32)."""
+    return model.index_dim + INDEX_KEY_SCALE_BYTES
 
 
 # --------------------------------------------------------------------------- page bound
@@ -210,33 +184,9 @@ class Ceilings:
                        bf16_tflops=bf16_tflops if self.bf16_tflops is None else self.bf16_tflops)
 
 
-def _parse_flat_yaml(text: str) -> Dict[str, object]:
-    """A ``key: value`` YAML subset (used only when PyYAML is not installed)."""
-    out: Dict[str, object] = {}
-    for line in text.splitlines():
-        line = line.split("#", 1)[0].rstrip()
-        if not line.strip() or ":" not in line:
-            continue
-        key, val = (s.strip() for s in line.split(":", 1))
-        val = val.strip("'\"")
-        if val in ("", "null", "~", "None"):
-            out[key] = None
-        else:
-            try:
-                out[key] = float(val)
-            except ValueError:
-                out[key] = val
-    return out
-
-
 def load_hardware(path: str | Path) -> Ceilings:
     """Reads a ``conf/hardware/*.yaml`` ceiling set (keys as in ``Ceilings``)."""
-    text = Path(path).read_text()
-    try:
-        import yaml  # PyYAML ships with omegaconf/Hydra
-        data = yaml.safe_load(text) or {}
-    except ImportError:
-        data = _parse_flat_yaml(text)
+    data = OmegaConf.to_container(OmegaConf.load(path), resolve=True) or {}
     known = {f for f in Ceilings.__dataclass_fields__}
     unknown = sorted(set(data) - known)
     if unknown:
@@ -265,53 +215,38 @@ class StageWork:
     kernels: int = 1
 
 
-def family(backend: object) -> str:
-    """The backend family: the part of the backend name before any '+'."""
-    return str(backend).split("+", 1)[0]
-
-
-def _f(row: Mapping, key: str) -> float:
-    v = row.get(key)
-    try:
-        if v is None or pd.isna(v):
-            return float("nan")
-    except (TypeError, ValueError):
-        return float("nan")
-    return float(v)
-
-
-def stage_work(row: Mapping, shape: Optional[ModelShape] = None) -> Dict[str, StageWork]:
+def stage_work(row: Mapping, model: Optional[ModelConfig] = None) -> Dict[str, StageWork]:
     """Bytes and FLOPs per stage for one results row, per decode layer step of the batch.
 
     Uses the counted ``tokens_selected``, ``bytes_selected`` and ``bytes_h2d`` (divided by the
     measured layer steps) and the axes ``batch_size``, ``context_len``, ``top_k``,
-    ``device_buffer_size``, ``kv_row_bytes``; ``shape`` defaults to the row's model preset.
-    See the module docstring for each stage.
+    ``device_buffer_size``, ``kv_row_bytes``; ``model`` defaults to the preset the row's
+    ``model`` column names. See the module docstring for each stage.
     """
-    shape = shape or shape_for(row.get("model"))
+    m = model or model_preset(row.get("model"))
     fam = family(row.get("backend"))
-    B = _f(row, "batch_size")
-    N = _f(row, "context_len")
-    k = _f(row, "top_k")
-    R = _f(row, "kv_row_bytes")
+    B = number(row, "batch_size")
+    N = number(row, "context_len")
+    k = number(row, "top_k")
+    R = number(row, "kv_row_bytes")
     per = measured_layer_steps(row)
-    tok = _f(row, "tokens_selected") / per
+    tok = number(row, "tokens_selected") / per
     if not np.isfinite(tok):
         tok = B * min(k, N)
-    sel_bytes = _f(row, "bytes_selected") / per
+    sel_bytes = number(row, "bytes_selected") / per
     if not np.isfinite(sel_bytes):
         sel_bytes = tok * R
     work = {
-        "select": StageWork(hbm_bytes=B * N * (shape.index_key_bytes + 8),
-                            flops=B * N * shape.indexer_flops_per_token(),
+        "select": StageWork(hbm_bytes=B * N * (index_key_bytes(m) + 8),
+                            flops=B * N * (2.0 * m.index_heads * m.index_dim),
                             kernels=STAGE_KERNELS["select"]),
-        "attention": StageWork(hbm_bytes=sel_bytes + B * shape.num_heads * 2 * (shape.d_qk + shape.d_v),
-                               flops=tok * shape.attention_flops_per_token(),
+        "attention": StageWork(hbm_bytes=sel_bytes + B * m.num_heads * 2 * (m.d_qk + m.d_v),
+                               flops=tok * (2.0 * m.num_heads * (m.d_qk + m.d_v)),
                                kernels=STAGE_KERNELS["attention"]),
     }
     if fam == "hisparse":
-        D = _f(row, "device_buffer_size")
-        h2d = _f(row, "bytes_h2d") / per
+        D = number(row, "device_buffer_size")
+        h2d = number(row, "bytes_h2d") / per
         h2d = 0.0 if not np.isfinite(h2d) else h2d
         work["transform"] = StageWork(hbm_bytes=B * (8 * k + 12 * D), kernels=STAGE_KERNELS["transform"])
         work["swap_in"] = StageWork(hbm_bytes=h2d, h2d_bytes=h2d, kernels=STAGE_KERNELS["swap_in"])
@@ -341,8 +276,8 @@ def stage_time_us(work: StageWork, ceil: Ceilings) -> float:
 
 def row_ceilings(row: Mapping, base: Ceilings = Ceilings()) -> Ceilings:
     """``base`` with its placeholders filled from the row's measured ceiling_* columns."""
-    return base.filled_from(_f(row, "ceiling_hbm_gbps"), _f(row, "ceiling_h2d_gbps"),
-                            _f(row, "ceiling_bf16_tflops"))
+    return base.filled_from(number(row, "ceiling_hbm_gbps"), number(row, "ceiling_h2d_gbps"),
+                            number(row, "ceiling_bf16_tflops"))
 
 
 def modelled_stages(row: Mapping) -> tuple:
@@ -355,25 +290,26 @@ def modelled_stages(row: Mapping) -> tuple:
 
 def measured_stage_us(row: Mapping, stage: str) -> float:
     """Measured median of a stage in µs; ``select`` falls back to indexer + top-k."""
-    v = _f(row, f"stage_{stage}_us")
+    v = number(row, f"stage_{stage}_us")
     if stage == "select" and not np.isfinite(v):
-        v = _f(row, "stage_indexer_us") + _f(row, "stage_topk_us")
+        v = number(row, "stage_indexer_us") + number(row, "stage_topk_us")
     return v
 
 
 def stage_times_us(row: Mapping, ceil: Ceilings, stages: Sequence[str],
-                   shape: Optional[ModelShape] = None) -> Dict[str, float]:
+                   model: Optional[ModelConfig] = None) -> Dict[str, float]:
     """Roofline µs of each of ``stages`` for a row. When hisparse's ``transform`` (coordinator
     bookkeeping) is not among the stages but ``swap_in`` is, the row timed them together (the
     harness's ``swap_in`` = hit/miss resolution + copy), so ``swap_in`` gets both kernels' time."""
-    work = stage_work(row, shape)
+    work = stage_work(row, model)
     t = {s: stage_time_us(work[s], ceil) for s in stages if s in work}
     if "swap_in" in t and "transform" not in stages and "transform" in work:
         t["swap_in"] += stage_time_us(work["transform"], ceil)
     return t
 
 
-def predict(df: pd.DataFrame, hardware: Ceilings = Ceilings(), shape: Optional[ModelShape] = None) -> pd.DataFrame:
+def predict(df: pd.DataFrame, hardware: Ceilings = Ceilings(),
+            model: Optional[ModelConfig] = None) -> pd.DataFrame:
     """Per row: predicted µs per stage (``pred_<stage>_us``), their sum ``pred_total_us``, the
     measured stage and total times, and measured / predicted ratios (``ratio_<stage>``,
     ``ratio_total``). Placeholders in ``hardware`` are filled from each row's own ceilings."""
@@ -382,7 +318,7 @@ def predict(df: pd.DataFrame, hardware: Ceilings = Ceilings(), shape: Optional[M
         row = r.to_dict()
         ceil = row_ceilings(row, hardware)
         stages = modelled_stages(row)
-        pt = stage_times_us(row, ceil, stages, shape)
+        pt = stage_times_us(row, ceil, stages, model)
         rec = {}
         total = 0.0
         meas_sum = 0.0
@@ -396,7 +332,7 @@ def predict(df: pd.DataFrame, hardware: Ceilings = Ceilings(), shape: Optional[M
                 total += p
                 meas_sum += m if np.isfinite(m) else 0.0
         rec["pred_total_us"] = total
-        rec["meas_total_us"] = _f(row, "latency_us_median")
+        rec["meas_total_us"] = number(row, "latency_us_median")
         rec["meas_stage_sum_us"] = meas_sum
         rec["ratio_total"] = (rec["meas_total_us"] / total
                               if np.isfinite(total) and total > 0 else float("nan"))
@@ -406,7 +342,7 @@ def predict(df: pd.DataFrame, hardware: Ceilings = Ceilings(), shape: Optional[M
 
 
 def project(df: pd.DataFrame, target: Ceilings, source: Ceilings = Ceilings(),
-            shape: Optional[ModelShape] = None) -> pd.DataFrame:
+            model: Optional[ModelConfig] = None) -> pd.DataFrame:
     """Projects each row's latency onto ``target`` hardware (µs). PROJECTIONS, not measurements.
 
     Where the source ceilings are known (measured in the run, or given), each measured stage is
@@ -423,8 +359,8 @@ def project(df: pd.DataFrame, target: Ceilings, source: Ceilings = Ceilings(),
         src = row_ceilings(row, source)
         tgt = row_ceilings(row, target)
         stages = modelled_stages(row)
-        t_tgt = stage_times_us(row, tgt, stages, shape)
-        t_src = stage_times_us(row, src, stages, shape)
+        t_tgt = stage_times_us(row, tgt, stages, model)
+        t_src = stage_times_us(row, src, stages, model)
         rec: Dict[str, object] = {}
         scaled_ok = True
         proj_sum = meas_sum = roof = 0.0
@@ -444,7 +380,7 @@ def project(df: pd.DataFrame, target: Ceilings, source: Ceilings = Ceilings(),
                 scaled_ok = False
             rec[f"proj_{s}_us"] = v
             proj_sum += v
-        total = _f(row, "latency_us_median")
+        total = number(row, "latency_us_median")
         if row.get("status", "ok") != "ok":
             rec["proj_latency_us"] = float("nan")
             rec["projection_basis"] = f"not projected ({row.get('status')})"

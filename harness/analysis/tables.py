@@ -19,7 +19,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from .model import family
+from .rows import family, is_missing, measured_layer_steps, num, number
 
 BASE = "flashmla_sparse"   #: the vLLM-style path (full KV resident in HBM)
 COORD = "hisparse"         #: the coordinator path (KV in host memory, hot buffer on the GPU)
@@ -44,16 +44,9 @@ MISSING = "missing"
 DESIGN_FAILURES = ("oom", "invalid")
 
 
-def _isna(v: object) -> bool:
-    try:
-        return v is None or bool(pd.isna(v))
-    except (TypeError, ValueError):
-        return False
-
-
 def _py(v: object) -> object:
     """A plain Python value (None for any NA) usable as a dict key."""
-    if _isna(v):
+    if is_missing(v):
         return None
     if isinstance(v, (np.integer,)):
         return int(v)
@@ -72,11 +65,6 @@ def _sort_key(t: Sequence) -> tuple:
                  for v in t)
 
 
-def num(s: pd.Series) -> pd.Series:
-    """A column as float64 with NaN for missing values (works for nullable Int64/boolean)."""
-    return pd.Series(pd.to_numeric(s, errors="coerce"), index=s.index).astype("float64")
-
-
 def apply_filter(df: pd.DataFrame, filt: Optional[Mapping[str, object]]) -> pd.DataFrame:
     """Rows where every ``column -> value`` (or list of accepted values) of ``filt`` matches."""
     if not filt:
@@ -88,15 +76,6 @@ def apply_filter(df: pd.DataFrame, filt: Optional[Mapping[str, object]]) -> pd.D
         vals = list(want) if isinstance(want, (list, tuple, set)) else [want]
         mask &= df[col].isin(vals).fillna(False).astype(bool)
     return df[mask]
-
-
-def measured_layer_steps(df: pd.DataFrame) -> pd.Series:
-    """(steps - warmup_steps) * num_layers per row, falling back to ``n_samples``; NaN if unknown."""
-    warm = num(df["warmup_steps"]).fillna(0.0) if "warmup_steps" in df else 0.0
-    per = (num(df["steps"]) - warm) * num(df["num_layers"])
-    if "n_samples" in df:
-        per = per.where(per > 0, num(df["n_samples"]))
-    return per.where(per > 0)
 
 
 def derive(df: pd.DataFrame) -> pd.DataFrame:
@@ -225,7 +204,7 @@ class _Collapser:
                 vals = {_py(self.records[p][c]) for p in use}
                 rec[c] = vals.pop() if len(vals) == 1 else None
         rec["status"] = "ok" if ok else _py(self.records[pos[0]].get("status"))
-        errs = [self.records[p].get("error") for p in pos if not _isna(self.records[p].get("error"))]
+        errs = [self.records[p].get("error") for p in pos if not is_missing(self.records[p].get("error"))]
         rec["error"] = errs[0] if errs and not ok else None
         rec["n_rows"] = len(pos)
         return rec
@@ -295,9 +274,13 @@ def outcome(ratio: float, tol: float = 0.05) -> str:
     return "tie"
 
 
-def _g(rec: Mapping, c: str) -> float:
-    v = rec.get(c)
-    return float("nan") if _isna(v) else float(v)
+def _first_finite(recs: Sequence[Mapping], column: str) -> float:
+    """The first finite value of ``column`` among ``recs``; NaN when none has one."""
+    for rec in recs:
+        v = number(rec, column)
+        if np.isfinite(v):
+            return v
+    return float("nan")
 
 
 def tradeoff_table(pb: pd.DataFrame, roles: AxisRoles,
@@ -330,12 +313,12 @@ def tradeoff_table(pb: pd.DataFrame, roles: AxisRoles,
                 row.update({name_b[a]: _py(b.get(a)) for a in vb})
                 row.update({name_c[a]: _py(c.get(a)) for a in vc})
                 bs, cs = b.get("status") or MISSING, c.get("status") or MISSING
-                bu, cu = _g(b, latency_col), _g(c, latency_col)
+                bu, cu = number(b, latency_col), number(c, latency_col)
                 row[f"{BASE}_status"], row[f"{COORD}_status"] = bs, cs
                 row[f"{BASE}_us"], row[f"{COORD}_us"] = bu, cu
                 for fam, rec in ((BASE, b), (COORD, c)):
                     for q in ("p10", "p90"):
-                        row[f"{fam}_{q}_us"] = (_g(rec, f"latency_us_{q}")
+                        row[f"{fam}_{q}_us"] = (number(rec, f"latency_us_{q}")
                                                 if latency_col == "latency_us_median" else float("nan"))
                 both = bs == "ok" and cs == "ok" and np.isfinite(bu) and np.isfinite(cu) and bu > 0
                 row["ratio"] = cu / bu if both else float("nan")
@@ -350,23 +333,20 @@ def tradeoff_table(pb: pd.DataFrame, roles: AxisRoles,
                         if st == "ok" and ost in DESIGN_FAILURES:
                             row["winner"] = f"{fam} ({other} {ost})"
                     row["separated"] = None
-                row[f"{BASE}_hbm_MB"] = _g(b, "hbm_MB")
-                row[f"{COORD}_hbm_MB"] = _g(c, "hbm_MB")
-                row[f"{COORD}_h2d_MB"] = _g(c, "h2d_MB")
-                pt = _g(c, "pages_touched_per_req")
-                row["pages_touched_per_req"] = pt if np.isfinite(pt) else _g(b, "pages_touched_per_req")
-                row[f"{COORD}_pages_loaded_per_req"] = _g(c, "pages_loaded_per_req")
-                row[f"{COORD}_tokens_loaded_per_req"] = _g(c, "tokens_loaded_per_req")
-                ap = _g(c, "amp_pages")
-                row["amp_pages"] = ap if np.isfinite(ap) else _g(b, "amp_pages")
-                pc = _g(c, "page_coverage")
-                row["page_coverage"] = pc if np.isfinite(pc) else _g(b, "page_coverage")
-                row[f"{BASE}_amp_hbm"] = _g(b, "amp_hbm")
-                row[f"{COORD}_amp_h2d"] = _g(c, "amp_h2d")
-                row[f"{COORD}_hit_rate"] = _g(c, "hit_rate")
+                row[f"{BASE}_hbm_MB"] = number(b, "hbm_MB")
+                row[f"{COORD}_hbm_MB"] = number(c, "hbm_MB")
+                row[f"{COORD}_h2d_MB"] = number(c, "h2d_MB")
+                row["pages_touched_per_req"] = _first_finite((c, b), "pages_touched_per_req")
+                row[f"{COORD}_pages_loaded_per_req"] = number(c, "pages_loaded_per_req")
+                row[f"{COORD}_tokens_loaded_per_req"] = number(c, "tokens_loaded_per_req")
+                row["amp_pages"] = _first_finite((c, b), "amp_pages")
+                row["page_coverage"] = _first_finite((c, b), "page_coverage")
+                row[f"{BASE}_amp_hbm"] = number(b, "amp_hbm")
+                row[f"{COORD}_amp_h2d"] = number(c, "amp_h2d")
+                row[f"{COORD}_hit_rate"] = number(c, "hit_rate")
                 for st_col in STAGE_COLS:
-                    row[f"{COORD}_{st_col}"] = _g(c, st_col)
-                    row[f"{BASE}_{st_col}"] = _g(b, st_col)
+                    row[f"{COORD}_{st_col}"] = number(c, st_col)
+                    row[f"{BASE}_{st_col}"] = number(b, st_col)
                 row[f"{BASE}_error"] = b.get("error")
                 row[f"{COORD}_error"] = c.get("error")
                 rows.append(row)
@@ -386,7 +366,7 @@ def failures(df: pd.DataFrame) -> pd.DataFrame:
 def fmt(v: object, digits: int = 3) -> str:
     """A compact cell for Markdown: '' for NA, ints without decimals, floats to ``digits``
     significant figures."""
-    if _isna(v):
+    if is_missing(v):
         return ""
     if isinstance(v, (bool, np.bool_)):
         return "yes" if v else "no"

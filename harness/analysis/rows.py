@@ -1,0 +1,56 @@
+"""Values read from results rows (``harness.results`` columns), NA-safe, for the analysis modules.
+
+A *row* is one results row as a mapping column -> value (a dict, or a pandas Series from
+``iterrows``); a *frame* is a DataFrame of rows. Missing values (None, NaN, pd.NA) read as NaN.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Union
+
+import numpy as np
+import pandas as pd
+
+
+def family(backend: object) -> str:
+    """The backend family: the part of the backend name before any '+'."""
+    return str(backend).split("+", 1)[0]
+
+
+def num(s: pd.Series) -> pd.Series:
+    """A column as float64 with NaN for missing values (works for nullable Int64/boolean)."""
+    return pd.Series(pd.to_numeric(s, errors="coerce"), index=s.index).astype("float64")
+
+
+def is_missing(v: object) -> bool:
+    """True for None, NaN, NaT and pd.NA; False for any other value (also for non-scalars)."""
+    try:
+        return v is None or bool(pd.isna(v))
+    except (TypeError, ValueError):
+        return False
+
+
+def number(row: Mapping, column: str) -> float:
+    """``row[column]`` as a float; NaN when the column is absent or its value missing."""
+    v = row.get(column)
+    return float("nan") if is_missing(v) else float(v)
+
+
+def measured_layer_steps(rows: Union[Mapping, pd.DataFrame]) -> Union[float, pd.Series]:
+    """The measured layer steps a row's counts are summed over (and over requests):
+    (steps - warmup_steps) * num_layers, a missing warmup_steps counting as 0; where that is not
+    a positive number, ``n_samples``; NaN where neither is.
+
+    ``rows``: one row -> a float; a frame -> a float64 Series on the frame's index.
+    """
+    frame = isinstance(rows, pd.DataFrame)
+
+    def column(name: str):
+        if frame:
+            return num(rows[name]).to_numpy() if name in rows else np.full(len(rows), np.nan)
+        return number(rows, name)
+
+    steps, warm, layers, n_samples = (column(c) for c in ("steps", "warmup_steps", "num_layers", "n_samples"))
+    per = (steps - np.where(np.isfinite(warm), warm, 0.0)) * layers
+    per = np.where(np.isfinite(per) & (per > 0), per, n_samples)
+    per = np.where(np.isfinite(per) & (per > 0), per, np.nan)
+    return pd.Series(per, index=rows.index, dtype="float64") if frame else float(per)
