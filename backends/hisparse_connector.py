@@ -1,0 +1,349 @@
+"""vLLM's HiSparse local KV offload connector (``docs/design/hisparse.md`` in vllm-project/vllm)
+as a serving design: KV stays resident on the GPU while the pool has room and spills to pinned
+host memory page by page when it is short; a request is fully, partly or not resident; one fused
+resolver per layer step looks each selected token up in a resident page, then in a hot row (GPU
+LRU), and only then copies the row from host into a victim hot row; then the same sparse
+attention kernel as the other designs runs on the physical rows.
+
+Stages: ``resolve`` (``backends/kernels/connector_resolve.py``: resident -> hot -> host copy in
+one kernel, no host sync, CUDA-graph capturable), ``attention`` (``backends.attention``).
+
+Which pages are resident: ``backends/connector_residency.py`` (vLLM's residency order, the
+facts followed and what is not modelled). Hot regions follow ``backends/hisparse_coordinator.py``
+in token mode, exactly (the SGLang-style design's LRU, newest token in a reserved row, hot rows
+after prefill = positions ``0 .. min(prompt, D) - 1``), with resident positions taking no part;
+so ``resident_fraction=0`` gives that design's hits, misses and copied rows, and
+``resident_fraction=1`` moves nothing and runs ``flashmla_sparse``'s attention on the same bytes.
+Known differences from vLLM's kernel (``csrc/libtorch_stable/hisparse_kernels.cu``): vLLM's hot
+region starts empty (ours as after SGLang's prefill), its misses take victims in selection
+order and its hits keep their previous LRU order (ours: ascending position, as our SGLang-style
+coordinator), and it copies the misses in a second kernel on a copy stream.
+
+Set-up (untimed): resident pages are copied from the workload's logical KV into the device
+pool, spilled pages into the pinned host pool; the hot regions are initialised as after
+prefill; ``begin_step`` writes the newest token where the design keeps it (its resident page,
+already there, or the hot region's reserved row, from the host pool).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from backends.attention import resolve_attention
+from backends.base import Backend, BackendInvalid, ConfigError
+from backends.connector_residency import ConnectorLayout, connector_layout, k_pad
+from backends.copy_engines import word_view
+from backends.hisparse_coordinator import validate_selection
+from backends.kernels.connector_resolve import (CONNECTOR_COUNT_FIELDS, NUM_CONNECTOR_COUNTS,
+                                                connector_resolve_kernel)
+from backends.kernels.swap_in import next_pow2
+
+#: rows each resolver program copies per iteration (GPU; the interpreter pays per operation)
+COPY_ROWS_GPU, COPY_ROWS_INTERPRETER = 32, 256
+
+
+@dataclass
+class HiSparseConnectorSettings:
+    """``hisparse_connector.*``: the device page budget and the hot regions."""
+
+    device_buffer_size: Optional[int] = None  # hot rows per (layer, request) with spilled pages; None -> 2 * top_k
+    resident_fraction: float = 1.0             # fraction of the point's KV pages the device pool holds
+
+    def resolved(self, top_k: int) -> "HiSparseConnectorSettings":
+        d = self.device_buffer_size if self.device_buffer_size is not None else 2 * top_k
+        return HiSparseConnectorSettings(d, self.resident_fraction)
+
+
+def check_unique_selection(positions: np.ndarray, where: str) -> None:
+    """The resolver's contract (vLLM's too): a row's valid positions are distinct. Raises
+    BackendInvalid naming the first offending row. ``positions`` int ``[batch, top_k]``."""
+    for b, row in enumerate(np.asarray(positions)):
+        v = row[row >= 0]
+        if np.unique(v).size != v.size:
+            raise BackendInvalid(f"{where}: batch row {b} selects a position twice; the connector's "
+                                 "resolver needs distinct positions per row (as vLLM's does)")
+
+
+class HiSparseConnectorBackend(Backend):
+    name = "hisparse_connector"
+    settings = HiSparseConnectorSettings
+    stages = ("resolve", "attention")
+    columns = {"device_buffer_size": "Int64", "resident_fraction": "float64",
+               "resident_page_share": "float64", "hot_requests": "Int64"}
+    variant_axes = ("resident_fraction", "device_buffer_size")
+
+    # ---- declarations ---------------------------------------------------------------------
+    @classmethod
+    def check(cls, settings: HiSparseConnectorSettings, *, top_k: int, page_size: int,
+              phase: str = "decode") -> None:
+        d, f = settings.device_buffer_size, settings.resident_fraction
+        if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < top_k:
+            raise ConfigError("hisparse_connector.device_buffer_size", d,
+                              f"must be an integer >= top_k ({top_k}) (None: 2 * top_k)")
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 <= f <= 1.0:
+            raise ConfigError("hisparse_connector.resident_fraction", f,
+                              "must be a number in [0, 1] (the fraction of the point's KV pages "
+                              "the device pool holds)")
+
+    @classmethod
+    def layout(cls, max_positions: Sequence[int], *, top_k: int, page_size: int, row_bytes: int,
+               num_layers: int, settings: HiSparseConnectorSettings) -> ConnectorLayout:
+        """What the design allocates for requests reaching ``max_positions`` tokens: device and
+        host bytes over ``num_layers`` layers (the constructor allocates exactly this)."""
+        s = settings.resolved(top_k)
+        cls.check(s, top_k=top_k, page_size=page_size)
+        return connector_layout(max_positions, top_k=top_k, page_size=page_size,
+                                row_bytes=row_bytes, num_layers=num_layers,
+                                device_buffer_size=int(s.device_buffer_size),
+                                resident_fraction=float(s.resident_fraction),
+                                num_counts=NUM_CONNECTOR_COUNTS)
+
+    @classmethod
+    def footprint(cls, batch_size: int, max_positions: int, *, top_k: int, page_size: int,
+                  row_bytes: int, num_layers: int,
+                  settings: HiSparseConnectorSettings) -> Tuple[int, int]:
+        """``(device_bytes, host_bytes)`` of ``batch_size`` requests of ``max_positions`` tokens
+        (``batch_size=1``: what one request needs). Not linear in the batch: the residency plan
+        spills whole requests first and pools are rounded to 64 rows."""
+        lay = cls.layout([max_positions] * batch_size, top_k=top_k, page_size=page_size,
+                         row_bytes=row_bytes, num_layers=num_layers, settings=settings)
+        return lay.device_bytes, lay.host_bytes
+
+    @classmethod
+    def host_bytes_needed(cls, workload, settings) -> int:
+        wl = workload
+        return cls.layout(wl.seq_lens.max(axis=0), top_k=wl.top_k, page_size=wl.page_size,
+                          row_bytes=wl.row_bytes, num_layers=wl.num_layers,
+                          settings=settings).host_bytes
+
+    # ---- set-up ---------------------------------------------------------------------------
+    def __init__(self, workload, settings: HiSparseConnectorSettings, *,
+                 attention_kernel: str = "triton"):
+        wl = workload
+        try:
+            settings = settings.resolved(wl.top_k)
+            self.check(settings, top_k=wl.top_k, page_size=wl.page_size)
+        except ConfigError as e:
+            raise BackendInvalid(str(e)) from e
+        super().__init__(workload, settings, attention_kernel=attention_kernel)
+        if wl.topk is not None:
+            for s in range(wl.steps):
+                for layer in range(wl.num_layers):
+                    try:
+                        validate_selection(wl.topk[s, layer], wl.seq_lens[s])
+                    except ValueError as e:
+                        raise BackendInvalid(f"step {s}, layer {layer}: {e}") from e
+                    check_unique_selection(wl.topk[s, layer], f"step {s}, layer {layer}")
+        self.D, self.P, self.K = int(settings.device_buffer_size), wl.page_size, wl.top_k
+        self.lay = lay = self.layout(wl.seq_lens.max(axis=0), top_k=wl.top_k, page_size=wl.page_size,
+                                     row_bytes=wl.row_bytes, num_layers=wl.num_layers,
+                                     settings=settings)
+        if lay.pool_rows >= 2 ** 31 or lay.host_rows >= 2 ** 31:
+            raise BackendInvalid(f"the device pool ({lay.pool_rows} rows) or host pool "
+                                 f"({lay.host_rows} rows) exceeds int32 row ids")
+        self._allocate()
+        self._fill_pools()
+        m = wl.model
+        self.attention = resolve_attention(attention_kernel, wl.device, m.num_heads, m.d_qk, m.d_v,
+                                           self._kv(0))
+
+    def _allocate(self) -> None:
+        """Pools, tables (device page / host page / hot-state row per request) and hot state."""
+        wl, lay, dev = self.wl, self.lay, self.wl.device
+        B, L, D, K, rb = wl.batch_size, wl.num_layers, self.D, self.K, wl.row_bytes
+        resident = lay.resident
+        rng = np.random.default_rng([wl.seed, 7])
+        self.residency_np = np.full(resident.shape, -1, dtype=np.int64)
+        self.residency_np[resident] = rng.permutation(lay.resident_pages)
+        pages = -(-wl.seq_lens.max(axis=0).astype(np.int64) // self.P)
+        spilled = (np.arange(resident.shape[1])[None, :] < pages[:, None]) & ~resident
+        self.host_np = np.full(resident.shape, -1, dtype=np.int64)
+        self.host_np[spilled] = rng.permutation(int(spilled.sum()))
+        hot = spilled.any(axis=1)
+        self.hot_np = np.where(hot, np.cumsum(hot) - 1, -1)
+        H = max(lay.hot_requests, 1)
+        i32 = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32)).to(dev)  # noqa: E731
+        self.residency = i32(self.residency_np)
+        self.host_table = i32(self.host_np)
+        self.hot_state = i32(self.hot_np)
+        self.device_kv = torch.zeros((L, lay.pool_rows, rb), dtype=torch.uint8, device=dev)
+        self.host_kv = torch.empty((L, lay.host_rows, rb), dtype=torch.uint8,
+                                   pin_memory=dev.type == "cuda")
+        self.slot_pos = torch.full((L, H, D), -1, dtype=torch.int32, device=dev)
+        self.lru = torch.arange(D, dtype=torch.int32, device=dev).repeat(L, H, 1)
+        self.out = torch.full((L, B, K), -1, dtype=torch.int32, device=dev)
+        self.counts = torch.zeros((L, B, NUM_CONNECTOR_COUNTS), dtype=torch.int64, device=dev)
+        self.kpad = k_pad(K)
+        self.plan = torch.zeros((H, 1 + 2 * K), dtype=torch.int32, device=dev)
+        self.scratch = torch.zeros((H, 3 * self.kpad + D), dtype=torch.int32, device=dev)
+        self._filled = np.zeros(B, dtype=np.int64)     # hot slots 0.. holding positions 0..
+        self._layer_batch: Dict[int, int] = {}
+
+    def _rows_of(self, b: int, positions: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """(device rows, host rows) of request ``b``'s positions: -1 where the other tier holds
+        the position."""
+        P = self.P
+        page, off = positions // P, positions % P
+        dev = np.where(self.residency_np[b, page] >= 0, self.residency_np[b, page] * P + off, -1)
+        host = np.where(self.host_np[b, page] >= 0, self.host_np[b, page] * P + off, -1)
+        return dev, host
+
+    def _fill_pools(self) -> None:
+        """Copies every page of the batch from the workload's logical KV into its tier."""
+        wl, P = self.wl, self.P
+        dev_dst, host_dst, src = [], [], []
+        bt = wl.block_table.cpu().numpy().astype(np.int64)
+        for b in range(wl.batch_size):
+            n = int(wl.seq_lens[:, b].max())
+            pos = np.arange(-(-n // P) * P, dtype=np.int64)
+            d, h = self._rows_of(b, pos)
+            src.append(bt[b, pos // P] * P + pos % P)
+            dev_dst.append(d)
+            host_dst.append(h)
+        src, dev_dst, host_dst = (np.concatenate(x) for x in (src, dev_dst, host_dst))
+        on_dev, on_host = dev_dst >= 0, host_dst >= 0
+        to = lambda a: torch.from_numpy(a).to(wl.device)  # noqa: E731
+        for layer in range(wl.num_layers):
+            logical = wl.kv_flat(layer)
+            logical = logical if logical.dtype == torch.uint8 else logical.view(torch.uint8)
+            if on_dev.any():
+                self.device_kv[layer].index_copy_(0, to(dev_dst[on_dev]), logical[to(src[on_dev])])
+            if on_host.any():
+                self.host_kv[layer].index_copy_(0, torch.from_numpy(host_dst[on_host]),
+                                                logical[to(src[on_host])].cpu())
+
+    def _load_rows(self, b: int, positions: np.ndarray, dst_rows: np.ndarray) -> None:
+        """Every layer: device pool rows ``dst_rows`` <- the KV of request ``b``'s positions, read
+        from the tier that holds each (set-up)."""
+        d, h = self._rows_of(b, positions)
+        to = lambda a: torch.from_numpy(a).to(self.wl.device)  # noqa: E731
+        on_dev, on_host = d >= 0, h >= 0
+        for layer in range(self.wl.num_layers):
+            pool = self.device_kv[layer]
+            if on_dev.any():
+                pool[to(dst_rows[on_dev])] = pool[to(d[on_dev])]
+            if on_host.any():
+                pool[to(dst_rows[on_host])] = self.host_kv[layer][torch.from_numpy(h[on_host])].to(
+                    self.wl.device)
+
+    def _hot_base(self, b: int) -> int:
+        return self.lay.hot_base + int(self.hot_np[b]) * self.lay.hot_stride
+
+    def _grow(self, b: int, upto: int) -> None:
+        """Hot slots ``filled .. upto-1`` take positions ``filled .. upto-1`` (all layers)."""
+        start = int(self._filled[b])
+        if upto <= start:
+            return
+        p = np.arange(start, upto, dtype=np.int64)
+        self._load_rows(b, p, self._hot_base(b) + p)
+        h = int(self.hot_np[b])
+        self.slot_pos[:, h, start:upto] = torch.arange(start, upto, dtype=torch.int32,
+                                                       device=self.wl.device)
+        self._filled[b] = upto
+
+    def prefill(self) -> None:
+        """Hot regions as after prefill: slots ``0 .. min(prompt, D) - 1`` hold those positions,
+        LRU order = slot order (resident pages are in place since set-up)."""
+        prompt = self.wl.seq_lens[0].astype(np.int64) - 1
+        for b in np.nonzero(self.hot_np >= 0)[0]:
+            h = int(self.hot_np[b])
+            self.slot_pos[:, h].fill_(-1)
+            self.lru[:, h].copy_(torch.arange(self.D, dtype=torch.int32, device=self.wl.device))
+            self._filled[b] = 0
+            self._grow(int(b), int(min(prompt[b], self.D)))
+
+    def begin_step(self, step: int) -> None:
+        """The newest token's KV write: a short request's hot region grows in position order; a
+        long request's newest token goes to its resident page (there since set-up) or, when that
+        page is spilled, to the hot region's reserved row (overwriting the previous newest)."""
+        seq = self.wl.seq_lens[step].astype(np.int64)
+        for b in np.nonzero(self.hot_np >= 0)[0]:
+            b = int(b)
+            self._grow(b, int(min(seq[b], self.D)))
+            newest = seq[b] - 1
+            if seq[b] > self.D and self.residency_np[b, newest // self.P] < 0:
+                self._load_rows(b, np.array([newest]), np.array([self._hot_base(b) + self.D]))
+
+    # ---- the timed call -------------------------------------------------------------------
+    def _kv(self, layer: int) -> torch.Tensor:
+        """The layer's device pool in the attention kernel's row format."""
+        rows = self.device_kv[layer]
+        return rows.view(torch.bfloat16) if self.wl.kv_dtype == "bf16" else rows
+
+    def resolve(self, layer: int, seq_lens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One layer's fused resolver: int32 ``[B, top_k]`` rows of ``device_kv[layer]`` (-1
+        stays -1), misses copied in. ``seq_lens`` int32/int64 ``[B]``, ``positions`` int32
+        ``[B, top_k]`` (unit column stride). A view of a per-layer buffer; counts go to
+        ``layer_counts(layer)``."""
+        B = positions.shape[0]
+        if positions.dtype != torch.int32 or positions.dim() != 2 or positions.shape[1] != self.K \
+                or positions.stride(1) != 1 or B > self.wl.batch_size or seq_lens.shape != (B,):
+            raise ValueError(f"positions must be int32 [batch <= {self.wl.batch_size}, "
+                             f"top_k={self.K}] with unit column stride and seq_lens [batch], got "
+                             f"{positions.dtype} {tuple(positions.shape)}, {tuple(seq_lens.shape)}")
+        out, counts = self.out[layer, :B], self.counts[layer, :B]
+        self._layer_batch[layer] = B
+        dev_pool = word_view(self.device_kv[layer])
+        host_pool = word_view(self.host_kv[layer]) if self.lay.host_rows else dev_pool
+        words = dev_pool.shape[1]
+        vec = max(1, 16 // dev_pool.element_size())   # 16-byte groups where the row allows
+        while words % vec:
+            vec //= 2
+        cuda = self.wl.device.type == "cuda"
+        connector_resolve_kernel[(B,)](
+            seq_lens, positions, positions.stride(0),
+            self.residency, self.residency.stride(0), self.host_table, self.host_table.stride(0),
+            self.hot_state, self.slot_pos[layer], self.lru[layer],
+            host_pool, dev_pool,
+            out, out.stride(0), self.plan, self.plan.stride(0), counts, counts.stride(0),
+            self.scratch, self.scratch.stride(0),
+            self.K, self.D, self.lay.hot_base, self.lay.hot_stride, self.wl.row_bytes,
+            PAGE=self.P, K_PAD=self.kpad, LOG_K_PAD=self.kpad.bit_length() - 1,
+            BLOCK_C=max(16, min(next_pow2(self.D), 1024)), SEARCH_STEPS=self.kpad.bit_length() + 1,
+            WORDS=words, VEC=vec, GROUP_BLOCK=next_pow2(words // vec),
+            COPY_ROWS=COPY_ROWS_GPU if cuda else COPY_ROWS_INTERPRETER,
+            num_warps=8 if self.kpad >= 1024 else 4)
+        return out
+
+    def decode_layer(self, step: int, layer: int, q: torch.Tensor, positions: Optional[torch.Tensor],
+                     seq_lens: torch.Tensor, timer, slots: Optional[torch.Tensor] = None
+                     ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Takes logical positions (the resolver does the page translation itself)."""
+        rows = timer.run("resolve", lambda: self.resolve(layer, seq_lens, positions))
+        kv = self._kv(layer)
+        return timer.run("attention", lambda: self.attention(q, kv, rows, self.wl.model.sm_scale,
+                                                             d_v=self.wl.model.d_v))
+
+    # ---- after the timed region -----------------------------------------------------------
+    def layer_counts(self, layer: int) -> Dict[str, np.ndarray]:
+        """Per request int64 ``[B]``: ``hits`` (resident + hot), ``resident_hits``, ``misses``,
+        ``tokens_loaded`` (rows copied from host), ``pages_loaded`` (0: rows are copied one by
+        one), ``bytes_h2d``."""
+        B = self._layer_batch[layer]
+        c = dict(zip(CONNECTOR_COUNT_FIELDS, self.counts[layer, :B].cpu().numpy().T.astype(np.int64)))
+        return {"hits": c["resident_hits"] + c["hot_hits"], "resident_hits": c["resident_hits"],
+                "misses": c["misses"], "tokens_loaded": c["tokens_loaded"],
+                "pages_loaded": np.zeros(B, dtype=np.int64), "bytes_h2d": c["bytes_h2d"]}
+
+    def working_set_bytes(self) -> int:
+        """Device bytes this design holds: the pool (resident pages + hot regions) and its
+        bookkeeping (no copy of the logical KV)."""
+        return sum(t.numel() * t.element_size() for t in (
+            self.device_kv, self.residency, self.host_table, self.hot_state, self.slot_pos,
+            self.lru, self.out, self.counts, self.plan, self.scratch))
+
+    def host_bytes(self) -> int:
+        return self.host_kv.numel()
+
+    def graph_capture_blocker(self) -> str:
+        return ""
+
+    def row_extras(self) -> Dict[str, object]:
+        return {**self.settings_columns(self.cfg), "resident_page_share": self.lay.resident_page_share,
+                "hot_requests": self.lay.hot_requests}
+
+    def close(self) -> None:
+        del self.device_kv, self.host_kv, self.slot_pos, self.lru
