@@ -569,7 +569,8 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     ap.add_argument("--tp", default="1,8", help="comma list of attention TP sizes")
     ap.add_argument("--ep", type=int, default=8, help="EP size (GPUs serving the layer)")
     ap.add_argument("--dtype", default="fp8,bf16", help="comma list of weight dtypes")
-    ap.add_argument("--model", default=None, help="dsv32 | tiny (default: dsv32 with CUDA, else tiny)")
+    ap.add_argument("--model", default=None, choices=("dsv32", "tiny"),
+                    help="default: dsv32 with CUDA, else tiny")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
@@ -584,40 +585,46 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     name = args.model or ("dsv32" if device.type == "cuda" else "tiny")
     preset = load_model_preset(name)
     model = ModelConfig(**preset)
+    points = [(tp, dtype) for tp in _ints(args.tp) for dtype in args.dtype.split(",") if dtype]
+    batches = _ints(args.batch)
+    try:                                       # every bad value before anything runs
+        for tp, dtype in points:
+            check_layout(model, tp, args.ep, dtype)
+        for batch in batches:
+            _check_batch(batch)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2)
     ceil = measure(device)
     rows: List[dict] = []
-    for tp in _ints(args.tp):
-        for dtype in [d for d in args.dtype.split(",") if d]:
-            try:
-                layer = RestOfLayer(model, tp_size=tp, ep_size=args.ep, weight_dtype=dtype,
-                                    device=device, seed=args.seed)
-            except ValueError as e:
-                raise SystemExit(f"error: {e}")
-            for batch in _ints(args.batch):
-                tokens = sorted({0, batch - 1})
-                recv = [r for r in range(layer.dp_size * batch) if r % batch in tokens]
-                ref = rest_of_layer_ref(layer, *layer.inputs(batch), layer.routing(batch), tokens)
-                errs = relative_errors(layer.step(batch), ref, tokens, recv)
-                worst = max(errs, key=errs.get)
-                ok = errs[worst] <= args.rel_tol
-                row = dict(model=name, device=str(device), gemm=layer.gemm, batch=batch,
-                           **layer.layout(), weight_gb=layer.weight_bytes() / 1e9,
-                           active_experts=int((layer.expert_token_counts(batch) > 0).sum()),
-                           routed_tokens=int(layer.expert_token_counts(batch).sum()),
-                           bytes_moved=layer.bytes_moved(batch), flops=layer.flops(batch),
-                           max_rel_err=errs[worst], worst_output=worst,
-                           status="ok" if ok else "incorrect", **ceil.as_columns())
-                row["roofline_us"] = layer.roofline_us(batch, ceil.hbm_gbps, ceil.bf16_tflops)
-                if ok:
-                    st = time_fn(layer.prepare(batch), device, warmup=args.warmup,
-                                 repeats=args.repeats)
-                    row.update(us=st.median_us, p10_us=st.p10_us, p90_us=st.p90_us,
-                               achieved_gbps=row["bytes_moved"] / (st.median_us * 1e3))
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-            del layer
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+    for tp, dtype in points:
+        layer = RestOfLayer(model, tp_size=tp, ep_size=args.ep, weight_dtype=dtype,
+                            device=device, seed=args.seed)
+        for batch in batches:
+            tokens = sorted({0, batch - 1})
+            recv = [r for r in range(layer.dp_size * batch) if r % batch in tokens]
+            ref = rest_of_layer_ref(layer, *layer.inputs(batch), layer.routing(batch), tokens)
+            errs = relative_errors(layer.step(batch), ref, tokens, recv)
+            worst = max(errs, key=errs.get)
+            ok = errs[worst] <= args.rel_tol
+            row = dict(model=name, device=str(device), gemm=layer.gemm, batch=batch,
+                       **layer.layout(), weight_gb=layer.weight_bytes() / 1e9,
+                       active_experts=int((layer.expert_token_counts(batch) > 0).sum()),
+                       routed_tokens=int(layer.expert_token_counts(batch).sum()),
+                       bytes_moved=layer.bytes_moved(batch), flops=layer.flops(batch),
+                       max_rel_err=errs[worst], worst_output=worst,
+                       status="ok" if ok else "incorrect", **ceil.as_columns())
+            row["roofline_us"] = layer.roofline_us(batch, ceil.hbm_gbps, ceil.bf16_tflops)
+            if ok:
+                st = time_fn(layer.prepare(batch), device, warmup=args.warmup,
+                             repeats=args.repeats)
+                row.update(us=st.median_us, p10_us=st.p10_us, p90_us=st.p90_us,
+                           achieved_gbps=row["bytes_moved"] / (st.median_us * 1e3))
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        del layer
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     print(f"\nrest of layer, model={name}, ep_size={args.ep}, device={device} "
           f"(roofline: HBM copy {ceil.hbm_gbps:.0f} GB/s, bf16 {ceil.bf16_tflops:.0f} TFLOP/s, fp8 2x)")
     print(f"{'tp':>3} {'dtype':>5} {'batch':>6} {'weight GB':>9} {'read GB':>8} {'experts':>7} "

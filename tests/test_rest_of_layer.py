@@ -206,6 +206,14 @@ def test_cli_quick(capsys):
     assert "roofline us" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("flags,field", [(["--tp", "3"], "tp_size"), (["--ep", "3"], "ep_size"),
+                                         (["--dtype", "fp16"], "weight_dtype"), (["--batch", "0"], "batch")])
+def test_cli_bad_input_exits_2_before_running(flags, field, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--quick"] + flags)
+    assert e.value.code == 2 and capsys.readouterr().err.startswith(f"error: {field}=")
+
+
 def test_step_with_no_token_on_this_gpus_experts():
     seed = next(s for s in range(1000)
                 if RestOfLayerPlan(TINY, tp_size=2, ep_size=2, weight_dtype="fp8", seed=s)
@@ -216,3 +224,17 @@ def test_step_with_no_token_on_this_gpus_experts():
     assert [g.shape.name for g in layer.gemms(1) if g.shape.name.startswith("expert_")] == []
     ref = rest_of_layer_ref(layer, *layer.inputs(1), layer.routing(1), [0])
     assert max(relative_errors(out, {k: v for k, v in ref.items() if k != "routed_out"}, [0], []).values()) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp8", "bf16"])
+def test_cuda_step_and_graph_replay_match_reference(dtype):
+    layer = RestOfLayer(TINY, tp_size=2, ep_size=4, weight_dtype=dtype, device="cuda", seed=2)
+    batch, tokens = 6, [0, 5]
+    recv = [r for r in range(layer.dp_size * batch) if r % batch in tokens]
+    ref = rest_of_layer_ref(layer, *layer.inputs(batch), layer.routing(batch), tokens)
+    replay = layer.prepare(batch)
+    for out in (layer.step(batch), replay(), replay()):
+        errs = relative_errors(out, ref, tokens, recv)
+        assert max(errs.values()) < 2e-2, errs
+    assert layer.allocated_bytes() == layer.weight_bytes()
