@@ -86,13 +86,15 @@ def pages_of(max_positions: Sequence[int], page_size: int) -> np.ndarray:
 class ConnectorLayout:
     """What the design allocates for one batch (bytes over all simulated layers).
 
-    ``resident`` bool ``[batch, max_pages]`` the residency plan; ``pool_rows`` device rows per
+    ``pages`` int64 ``[batch]`` logical pages of each request, ``resident`` bool
+    ``[batch, max_pages]`` the residency plan; ``pool_rows`` device rows per
     layer, ``hot_base`` first hot-region row, ``hot_stride`` rows per hot region
     (``device_buffer_size + 1``), ``host_rows`` pinned host rows per layer (spilled pages),
     ``hot_requests`` requests with a hot region; ``device_bytes`` = pools + bookkeeping,
     ``host_bytes`` = host pools.
     """
 
+    pages: np.ndarray
     resident: np.ndarray
     resident_pages: int
     total_pages: int
@@ -151,8 +153,32 @@ def connector_layout(max_positions: Sequence[int], *, top_k: int, page_size: int
     meta = metadata_bytes(batch=len(n), max_pages=int(n.max(initial=0)), state_rows=max(hot, 1),
                           top_k=top_k, device_buffer_size=device_buffer_size,
                           num_layers=num_layers, num_counts=num_counts)
-    return ConnectorLayout(resident=resident, resident_pages=budget, total_pages=total,
+    return ConnectorLayout(pages=n, resident=resident, resident_pages=budget, total_pages=total,
                            hot_requests=hot, hot_base=budget * page_size, hot_stride=stride,
                            pool_rows=pool_rows, host_rows=host_rows,
                            pool_bytes=num_layers * pool_rows * row_bytes, metadata_bytes=meta,
                            host_bytes=num_layers * host_rows * row_bytes)
+
+
+def max_resident_pages(budget_bytes: int, max_positions: Sequence[int], *, top_k: int,
+                       page_size: int, row_bytes: int, num_layers: int, device_buffer_size: int,
+                       num_counts: int) -> int:
+    """The most pages the pool can keep resident with the layout's ``device_bytes`` within
+    ``budget_bytes`` (the pool leases pages while it has room, after the hot regions the spilled
+    requests need); -1 when even spilling every page does not fit. Exact: evaluates the layout's
+    byte count for every possible number of spilled pages."""
+    n = pages_of(max_positions, page_size)
+    total = int(n.sum())
+    order = spill_order(n)
+    newly = np.zeros(total, dtype=np.int64)            # 1 where a spill is a request's first
+    newly[np.unique(order[:, 0], return_index=True)[1]] = 1
+    first = np.concatenate([[0], np.cumsum(newly)])    # first[s]: requests hit by s spills
+    spilled = np.arange(total + 1, dtype=np.int64)
+    rows = (total - spilled) * page_size + first * (device_buffer_size + 1)
+    pool = num_layers * (-(-rows // POOL_ROW_ALIGN) * POOL_ROW_ALIGN) * row_bytes
+    meta = np.array([metadata_bytes(batch=len(n), max_pages=int(n.max(initial=0)), state_rows=max(h, 1),
+                                    top_k=top_k, device_buffer_size=device_buffer_size,
+                                    num_layers=num_layers, num_counts=num_counts)
+                     for h in range(len(n) + 1)], dtype=np.int64)
+    fits = np.nonzero(pool + meta[first] <= budget_bytes)[0]
+    return total - int(fits[0]) if fits.size else -1

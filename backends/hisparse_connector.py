@@ -34,7 +34,8 @@ import torch
 
 from backends.attention import resolve_attention
 from backends.base import Backend, BackendInvalid, ConfigError
-from backends.connector_residency import ConnectorLayout, connector_layout, k_pad
+from backends.connector_residency import (ConnectorLayout, connector_layout, k_pad,
+                                         max_resident_pages, pages_of)
 from backends.copy_engines import word_view
 from backends.hisparse_coordinator import validate_selection
 from backends.kernels.connector_resolve import (CONNECTOR_COUNT_FIELDS, NUM_CONNECTOR_COUNTS,
@@ -49,8 +50,10 @@ COPY_ROWS_GPU, COPY_ROWS_INTERPRETER = 32, 256
 class HiSparseConnectorSettings:
     """``hisparse_connector.*``: the device page budget and the hot regions."""
 
-    device_buffer_size: Optional[int] = None  # hot rows per (layer, request) with spilled pages; None -> 2 * top_k
-    resident_fraction: float = 1.0             # fraction of the point's KV pages the device pool holds
+    #: hot rows per (layer, request with a spilled page); None -> 2 * top_k (vLLM's default too)
+    device_buffer_size: Optional[int] = None
+    #: fraction of the point's KV pages the device pool holds (which ones: connector_residency)
+    resident_fraction: float = 1.0
 
     def resolved(self, top_k: int) -> "HiSparseConnectorSettings":
         d = self.device_buffer_size if self.device_buffer_size is not None else 2 * top_k
@@ -79,6 +82,8 @@ class HiSparseConnectorBackend(Backend):
     @classmethod
     def check(cls, settings: HiSparseConnectorSettings, *, top_k: int, page_size: int,
               phase: str = "decode") -> None:
+        if phase != "decode":    # decode-only: other phases get the base class's invalid row
+            return
         d, f = settings.device_buffer_size, settings.resident_fraction
         if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < top_k:
             raise ConfigError("hisparse_connector.device_buffer_size", d,
@@ -111,6 +116,23 @@ class HiSparseConnectorBackend(Backend):
         lay = cls.layout([max_positions] * batch_size, top_k=top_k, page_size=page_size,
                          row_bytes=row_bytes, num_layers=num_layers, settings=settings)
         return lay.device_bytes, lay.host_bytes
+
+    @classmethod
+    def resident_fraction_within(cls, budget_bytes: int, batch_size: int, max_positions: int, *,
+                                 top_k: int, page_size: int, row_bytes: int, num_layers: int,
+                                 settings: HiSparseConnectorSettings) -> Optional[float]:
+        """The ``resident_fraction`` at which ``batch_size`` requests of ``max_positions`` tokens
+        keep the most pages resident with ``device_bytes`` within ``budget_bytes`` (the device
+        budget decides residency, as vLLM's pool does); None when not even zero residency fits.
+        ``settings.resident_fraction`` is ignored."""
+        s = settings.resolved(top_k)
+        cls.check(s, top_k=top_k, page_size=page_size)
+        pos = [max_positions] * batch_size
+        r = max_resident_pages(budget_bytes, pos, top_k=top_k, page_size=page_size,
+                               row_bytes=row_bytes, num_layers=num_layers,
+                               device_buffer_size=int(s.device_buffer_size),
+                               num_counts=NUM_CONNECTOR_COUNTS)
+        return None if r < 0 else r / int(pages_of(pos, page_size).sum())
 
     @classmethod
     def host_bytes_needed(cls, workload, settings) -> int:
@@ -158,8 +180,7 @@ class HiSparseConnectorBackend(Backend):
         rng = np.random.default_rng([wl.seed, 7])
         self.residency_np = np.full(resident.shape, -1, dtype=np.int64)
         self.residency_np[resident] = rng.permutation(lay.resident_pages)
-        pages = -(-wl.seq_lens.max(axis=0).astype(np.int64) // self.P)
-        spilled = (np.arange(resident.shape[1])[None, :] < pages[:, None]) & ~resident
+        spilled = (np.arange(resident.shape[1])[None, :] < lay.pages[:, None]) & ~resident
         self.host_np = np.full(resident.shape, -1, dtype=np.int64)
         self.host_np[spilled] = rng.permutation(int(spilled.sum()))
         hot = spilled.any(axis=1)
@@ -197,8 +218,7 @@ class HiSparseConnectorBackend(Backend):
         dev_dst, host_dst, src = [], [], []
         bt = wl.block_table.cpu().numpy().astype(np.int64)
         for b in range(wl.batch_size):
-            n = int(wl.seq_lens[:, b].max())
-            pos = np.arange(-(-n // P) * P, dtype=np.int64)
+            pos = np.arange(int(self.lay.pages[b]) * P, dtype=np.int64)
             d, h = self._rows_of(b, pos)
             src.append(bt[b, pos // P] * P + pos % P)
             dev_dst.append(d)

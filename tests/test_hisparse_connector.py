@@ -333,3 +333,25 @@ def test_gpu_mixed_residency_pinned_dsv32_rows():
             rows = be.out[0, b][torch.from_numpy(live).to(dev)].long()
             assert torch.equal(be.device_kv[0][rows], logical_rows(wl, 0, b, p[live]))
     assert sum(r.misses for r in res) > 0
+
+
+def test_resident_fraction_within_a_budget_is_the_most_that_fits():
+    """Brute force over every resident page count of a small batch: the fraction returned keeps
+    the most pages whose layout fits the budget; None below the zero-residency footprint."""
+    from backends.connector_residency import connector_layout
+    kw = dict(top_k=16, page_size=8, row_bytes=656, num_layers=2)
+    s = HiSparseConnectorSettings(device_buffer_size=40)
+    B, n_tok = 3, 100
+    total = 3 * 13
+    bytes_at = [connector_layout([n_tok] * B, device_buffer_size=40, resident_fraction=r / total,
+                                 num_counts=5, **kw).device_bytes for r in range(total + 1)]
+    for budget in (min(bytes_at) - 1, min(bytes_at), bytes_at[7] + 100, bytes_at[20], max(bytes_at)):
+        f = HiSparseConnectorBackend.resident_fraction_within(budget, B, n_tok, settings=s, **kw)
+        fitting = [r for r in range(total + 1) if bytes_at[r] <= budget]
+        if not fitting:
+            assert f is None
+            continue
+        assert f == max(fitting) / total
+        dev_b, _ = HiSparseConnectorBackend.footprint(B, n_tok, **kw,
+                                                      settings=HiSparseConnectorSettings(40, f))
+        assert dev_b <= budget
