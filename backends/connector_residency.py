@@ -11,9 +11,10 @@ Residency policy (static lease for a run), after vLLM's scheduler-side coordinat
   room; ``update_residency``).
 * Short of room, requests move to host reading in scheduling (batch) order; a moved request's
   clean pages are released tail first ("so a prefix loses its tail pages before its head",
-  ``_unpin_clean_pages``) to the tail of the pool's free queue, which hands blocks out oldest
-  first, so pages are lost in release order: request 0's pages from its highest to page 0, then
-  request 1's, ... The last ``ACTIVE_TAIL_PAGES`` pages of a request stay pinned (vLLM's
+  ``_unpin_clean_pages``) to the tail of the pool's free queue (``BlockPool.unpin_blocks``),
+  which hands blocks out oldest first (``free_block_queue``: allocation pops the head, a freed
+  block joins the tail; ``vllm/v1/core/block_pool.py``), so pages are lost in release order:
+  request 0's pages from its highest to page 0, then request 1's, ... The last ``ACTIVE_TAIL_PAGES`` pages of a request stay pinned (vLLM's
   ``ACTIVE_TAIL_PAGES``, ``vllm/v1/hisparse/types.py``); only a budget that the other pages
   cannot meet spills them too (beyond vLLM, which never spills them: this is what makes
   ``resident_fraction=0`` the pure host + hot-buffer design), again in request order, highest
