@@ -13,12 +13,17 @@ Patterns (``pattern``):
   clustered       runs of ``selection.cluster_len`` consecutive positions at random starts
   mixed           ``selection.num_sinks`` sinks + the last ``selection.window`` positions +
                   clustered runs for the rest
+  calibrated      uniform positions whose reuse across decode steps has a heavy-tailed reuse
+                  distance (``selection.reuse_overlap``, ``.reuse_alpha``) and whose adjacent
+                  layers share ``selection.layer_share`` of their positions, calibrated to
+                  published exact-LRU miss rates (``harness/calibrated_selection.py``)
 
 ``step_overlap`` is the fraction of a (layer, request)'s previous selection kept at the next
 decode step (upstream reports 80-90 % between adjacent steps); the rest is drawn fresh from the
 pattern, excluding what was kept. ``sliding_window`` and ``prefix`` are fixed functions of the
-sequence length, so the knob does not apply to them. The order of positions within a row is
-shuffled, as a top-k kernel's output order carries no meaning.
+sequence length, and ``calibrated`` has its own reuse model, so the knob does not apply to
+them. The order of positions within a row is shuffled, as a top-k kernel's output order
+carries no meaning.
 """
 from __future__ import annotations
 
@@ -29,9 +34,11 @@ from typing import Optional
 
 import numpy as np
 
+from harness.calibrated_selection import calibrated_selections
+
 #: where a decode point's selections come from (``selection.source``)
 SOURCES = ("synthetic", "trace", "indexer")
-PATTERNS = ("random", "sliding_window", "prefix", "clustered", "mixed")
+PATTERNS = ("random", "sliding_window", "prefix", "clustered", "mixed", "calibrated")
 DETERMINISTIC_PATTERNS = ("sliding_window", "prefix")
 
 
@@ -41,6 +48,9 @@ class PatternParams:
     cluster_len: int = 16
     num_sinks: int = 64
     window: int = 512
+    reuse_overlap: float = 0.70   # calibrated: P(a selected token is selected at the next step)
+    reuse_alpha: float = 0.45     # calibrated: reuse-distance survival ~ d ** -reuse_alpha
+    layer_share: float = 0.85     # calibrated: positions a layer inherits from the layer below
 
 
 def _first_free(free: np.ndarray, n: int, from_end: bool) -> np.ndarray:
@@ -114,6 +124,9 @@ def synthesize(params: PatternParams, seq_lens: np.ndarray, num_layers: int, top
     ``seq_lens`` int [steps, batch]. Row (s, l, b) holds min(top_k, seq_len) distinct positions
     < seq_lens[s, b], shuffled, then -1 padding.
     """
+    if params.pattern == "calibrated":
+        return calibrated_selections(seq_lens, num_layers, top_k, params.reuse_overlap,
+                                     params.reuse_alpha, params.layer_share, seed)
     steps, batch = seq_lens.shape
     out = np.full((steps, num_layers, batch, top_k), -1, dtype=np.int32)
     fixed = params.pattern in DETERMINISTIC_PATTERNS

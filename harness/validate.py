@@ -46,7 +46,10 @@ CHOICES = {
 #: fields that must be integers >= 1
 POSITIVE_INTS = ("top_k", "batch_size", "context_len", "steps", "num_layers", "extend_len")
 #: fields that must be fractions in [0, 1]
-FRACTIONS = ("step_overlap", "selection.query_corr")
+FRACTIONS = ("step_overlap", "selection.query_corr", "selection.reuse_overlap",
+             "selection.layer_share")
+#: fields that must be real numbers >= 0
+NON_NEGATIVE = ("selection.reuse_alpha",)
 
 
 def check_value(field: str, value) -> None:
@@ -57,6 +60,8 @@ def check_value(field: str, value) -> None:
         raise ConfigError(field, value, "must be an integer >= 1")
     if field in FRACTIONS and not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
         raise ConfigError(field, value, "must be a fraction in [0, 1]")
+    if field in NON_NEGATIVE and not (isinstance(value, (int, float)) and 0.0 <= value < float("inf")):
+        raise ConfigError(field, value, "must be a number >= 0")
     if field == "phase" and value is None:
         return
     if field in CHOICES and value not in CHOICES[field]:
@@ -64,7 +69,7 @@ def check_value(field: str, value) -> None:
         raise ConfigError(name, value, f"allowed: {', '.join(CHOICES[field])}")
 
 
-CHECKED_FIELDS = ("page_size", *POSITIVE_INTS, *FRACTIONS, *CHOICES)
+CHECKED_FIELDS = ("page_size", *POSITIVE_INTS, *FRACTIONS, *NON_NEGATIVE, *CHOICES)
 
 
 def backends_of(cfg) -> list:
