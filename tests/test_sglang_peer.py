@@ -375,20 +375,3 @@ def test_gpu_free_running_matches_upstream_model():
     _, pools, kv = _pair("cuda", L=1, K=16, D=48, P=16, row_bytes=32, max_seq=200)
     _free_running(pools, _gpu_peer(pools), kv, reqs=[1, 0], lens=[30, 60], steps=15, seed=8)
 
-
-@pytest.mark.slow
-def test_peers_bench_quick_swap_in_comparison(tmp_path, monkeypatch):
-    """``python -m harness.bench peers --quick``: the swap-in comparison (ours vs the model of
-    upstream's kernel) checks rows and per-request misses before timing, and writes JSON."""
-    import json
-    from harness.bench import peers
-    monkeypatch.setenv("OUT", str(tmp_path))
-    rows = peers.main(["--quick", "--repeats", "2"])
-    saved = json.loads((tmp_path / "peers_bench.json").read_text())
-    assert [r["kernel"] for r in saved] == [r["kernel"] for r in rows] == [
-        "swap_in (a) all misses", "swap_in (b) all hits", "swap_in (c) 85% overlap"]
-    a, b, c = rows
-    assert a["misses_per_req"] == a["top_k"] and b["misses_per_req"] == 0
-    assert 0 < c["misses_per_req"] < c["top_k"]
-    assert all(r["ours_rel_err"] == 0 and r["peer_rel_err"] == 0 for r in rows)
-    assert all(r["ours_us"] > 0 and r["peer_us"] > 0 and r["peer_kernel_us"] > 0 for r in rows)

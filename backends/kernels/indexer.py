@@ -27,6 +27,7 @@ once per token after the head sum. The same code runs on the GPU and in the Trit
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
@@ -266,11 +267,13 @@ def validate_indexer_ragged_inputs(q: torch.Tensor, weights: torch.Tensor, k: to
 # ----------------------------------------------------------------------------------------------
 
 
-def _launch_shape(rows: int, max_len: int, block_n: int, device: torch.device) -> Tuple[int, int]:
+def _launch_shape(rows: int, max_len: int, launch: "IndexerLaunch",
+                  device: torch.device) -> Tuple[int, int]:
     """(tiles per program, programs per row): about ``PROGRAMS_PER_SM`` programs per SM, each
-    at most ``MAX_TOKENS_PER_PROGRAM`` tokens (a power-of-two number of tiles)."""
+    at most ``launch.max_tokens_per_program`` tokens (a power-of-two number of tiles)."""
+    block_n = launch.block_n
     tiles = triton.cdiv(max(max_len, 1), block_n)
-    max_tiles = max(1, MAX_TOKENS_PER_PROGRAM // block_n)
+    max_tiles = max(1, launch.max_tokens_per_program // block_n)
     target = PROGRAMS_PER_SM * _num_sms(device)
     per_prog = min(max_tiles, triton.next_power_of_2(max(1, triton.cdiv(rows * tiles, target))))
     return per_prog, triton.cdiv(tiles, per_prog)
@@ -287,23 +290,38 @@ def _alloc_out(out: Optional[torch.Tensor], rows: int, max_len: int,
     return out
 
 
-# Launch configuration (module-level so the benchmark's --tune can sweep it).
-BLOCK_N = 64
-"""Tokens per tile (the MMA's M dimension)."""
-NUM_WARPS = 4
-NUM_STAGES = 3
-MAX_TOKENS_PER_PROGRAM = 2048
 PROGRAMS_PER_SM = 4
-TILE_IN_PAGE_FASTPATH = True
-MAXNREG: Optional[int] = None
-"""Register cap per thread passed to Triton (None: the compiler's choice)."""
-"""Use the one-page-per-tile addressing when ``page_size % BLOCK_N == 0``."""
+
+
+@dataclass(frozen=True)
+class IndexerLaunch:
+    """Launch configuration of the indexer kernel; the defaults were measured on an H200
+    (``python -m harness.bench indexer --tune`` times others).
+
+    block_n: tokens per tile (the MMA's M dimension); num_warps, num_stages: Triton's;
+    max_tokens_per_program: most tokens one program scores; tile_in_page: the
+    one-page-per-tile addressing when ``page_size % block_n == 0``; maxnreg: register cap per
+    thread (None: the compiler's choice).
+    """
+
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+    max_tokens_per_program: int = 2048
+    tile_in_page: bool = True
+    maxnreg: Optional[int] = None
+
+    def options(self) -> dict:
+        """Triton launch options."""
+        opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        return opts if self.maxnreg is None else {**opts, "maxnreg": self.maxnreg}
 
 
 def indexer_logits_paged(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor,
                          block_table: torch.Tensor, seq_lens: torch.Tensor, *,
                          max_len: Optional[int] = None, out: Optional[torch.Tensor] = None,
-                         check: bool = False) -> torch.Tensor:
+                         check: bool = False,
+                         launch: IndexerLaunch = IndexerLaunch()) -> torch.Tensor:
     """Indexer logits of one decode query per request over its paged index keys.
 
     Args:
@@ -316,6 +334,7 @@ def indexer_logits_paged(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.
         max_len: output width, ``>= max(seq_lens)`` (default: ``max(seq_lens)``, a host sync).
         out: optional float32 ``[B, max_len]`` output.
         check: run ``validate_indexer_paged_inputs`` first (device sync).
+        launch: the kernel's launch configuration.
     Returns:
         float32 ``[B, max_len]``: ``logits[b, t] = sum_h w[b,h] relu(q[b,h] . k_t)`` for
         ``t < seq_lens[b]``, ``-inf`` after.
@@ -347,19 +366,14 @@ def indexer_logits_paged(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.
     else:
         k_vals, k_scl = k_cache, weights  # scale pointer unused
         stride_kpage, stride_spage = k_cache.stride(0), 0
-    per_prog, n_split = _launch_shape(B, max_len, BLOCK_N, dev)
+    per_prog, n_split = _launch_shape(B, max_len, launch, dev)
     _indexer_logits_kernel[(B, n_split)](
         q, weights, k_vals, k_scl, block_table, seq_lens, seq_lens, out,
         q.stride(0), q.stride(1), weights.stride(0), block_table.stride(0),
         stride_kpage, stride_spage, D, out.stride(0), max_len, per_prog,
-        H=H, D=D, PAGE=P, BLOCK_N=BLOCK_N, KV_FP8=is_fp8, PAGED=True,
-        TILE_IN_PAGE=TILE_IN_PAGE_FASTPATH and P % BLOCK_N == 0,
-        num_warps=NUM_WARPS, num_stages=NUM_STAGES, **_extra_launch_options())
+        H=H, D=D, PAGE=P, BLOCK_N=launch.block_n, KV_FP8=is_fp8, PAGED=True,
+        TILE_IN_PAGE=launch.tile_in_page and P % launch.block_n == 0, **launch.options())
     return out
-
-
-def _extra_launch_options() -> dict:
-    return {} if MAXNREG is None else {"maxnreg": MAXNREG}
 
 
 def indexer_logits_ragged(q: torch.Tensor, weights: torch.Tensor, k: torch.Tensor,
@@ -409,13 +423,14 @@ def indexer_logits_ragged(q: torch.Tensor, weights: torch.Tensor, k: torch.Tenso
     out = _alloc_out(out, M, max_len, dev)
     if M == 0 or max_len == 0:
         return out
-    per_prog, n_split = _launch_shape(M, max_len, BLOCK_N, dev)
+    launch = IndexerLaunch()
+    per_prog, n_split = _launch_shape(M, max_len, launch, dev)
     _indexer_logits_kernel[(M, n_split)](
         q, weights, k, k_scales if is_fp8 else weights, ks, ks, ke, out,
         q.stride(0), q.stride(1), weights.stride(0), 0, 0, 0, k.stride(0), out.stride(0),
         max_len, per_prog,
-        H=H, D=D, PAGE=1, BLOCK_N=BLOCK_N, KV_FP8=is_fp8, PAGED=False, TILE_IN_PAGE=False,
-        num_warps=NUM_WARPS, num_stages=NUM_STAGES, **_extra_launch_options())
+        H=H, D=D, PAGE=1, BLOCK_N=launch.block_n, KV_FP8=is_fp8, PAGED=False, TILE_IN_PAGE=False,
+        **launch.options())
     return out
 
 

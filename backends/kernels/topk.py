@@ -28,8 +28,8 @@ NaN logits are not supported (``validate_topk_inputs`` rejects them inside a row
 
 ``plan_topk`` depends only on the lengths: it is computed once per step and reused by every
 layer (it owns the scratch buffers and decides which rows are split across how many scan
-programs). Launch knobs below were measured on an H200 (``python -m harness.bench.indexer
---tune topk``).
+programs). The launch configuration (``TopkLaunch``) defaults were measured on an H200
+(``python -m harness.bench indexer --tune topk`` times others).
 """
 from __future__ import annotations
 
@@ -42,14 +42,6 @@ import triton.language as tl
 
 SAMPLE_MAX = 2048
 """Sample size of the threshold kernel (capped at CAP)."""
-SCAN_BLOCK_MAX = 2048
-"""Elements per scan-loop iteration."""
-SCAN_WARPS = 4
-SELECT_WARPS = 8
-RADIX_BITS = 1
-"""Bits resolved per step of the k-th-key radix search (1, 2 or 4; 1 measured fastest)."""
-SELECT_STAGES = 3
-SCAN_STAGES = 4
 MIN_CHUNK = 8192
 """Smallest chunk a long row is split into (per scan program)."""
 
@@ -58,6 +50,23 @@ METHOD_PAGED = 1
 METHOD_RAGGED = 2
 
 _PLAN_BUILDS = 0
+
+
+@dataclass(frozen=True)
+class TopkLaunch:
+    """Launch configuration of the top-k kernels.
+
+    radix_bits: bits resolved per step of the k-th-key radix search (1, 2 or 4; 1 measured
+    fastest); scan_block_max: elements per scan-loop iteration (and the select kernel's block
+    cap); select_warps / select_stages, scan_warps / scan_stages: Triton's, per kernel.
+    """
+
+    radix_bits: int = 1
+    select_warps: int = 8
+    select_stages: int = 3
+    scan_block_max: int = 2048
+    scan_warps: int = 4
+    scan_stages: int = 4
 
 
 def plan_build_count() -> int:
@@ -462,7 +471,8 @@ def _check_plan(plan: TopkPlan, logits: torch.Tensor, lengths: torch.Tensor, top
 def launch_topk(logits: torch.Tensor, lengths: torch.Tensor, top_k: int, plan: TopkPlan,
                 out: torch.Tensor, method: int = METHOD_NONE, block_table: Optional[torch.Tensor] = None,
                 row_req: Optional[torch.Tensor] = None, page_size: int = 1,
-                row_offsets: Optional[torch.Tensor] = None) -> torch.Tensor:
+                row_offsets: Optional[torch.Tensor] = None,
+                launch: TopkLaunch = TopkLaunch()) -> torch.Tensor:
     """Launch the planned kernels (no validation: callers validate). ``out``: int32 [B, top_k]."""
     B, N = logits.shape
     plan.uses += 1
@@ -476,27 +486,27 @@ def launch_topk(logits: torch.Tensor, lengths: torch.Tensor, top_k: int, plan: T
     if plan.needs_scan:
         _topk_threshold_kernel[(B,)](logits, logits.stride(0), N, lengths, plan.thresholds,
                                      min(2 * top_k, (top_k + plan.cap) // 2),
-                                     CAP=plan.cap, SAMPLE=plan.sample, RADIX_BITS=RADIX_BITS,
+                                     CAP=plan.cap, SAMPLE=plan.sample, RADIX_BITS=launch.radix_bits,
                                      num_warps=4)
         _topk_scan_kernel[(B, plan.max_chunks)](
             logits, logits.stride(0), N, lengths, plan.row_chunks, plan.thresholds,
             plan.candidates, plan.counts, plan.chunk_size, plan.max_chunks,
-            CAP=plan.cap, BLOCK=min(SCAN_BLOCK_MAX, plan.chunk_size), num_warps=SCAN_WARPS,
-            num_stages=SCAN_STAGES)
+            CAP=plan.cap, BLOCK=min(launch.scan_block_max, plan.chunk_size),
+            num_warps=launch.scan_warps, num_stages=launch.scan_stages)
     _topk_select_kernel[(B,)](
         logits, logits.stride(0), N, lengths, plan.row_chunks, plan.candidates, plan.counts,
         max(plan.max_chunks, 1), plan.chunk_size, out, out.stride(0), top_k,
         bt, stride_bt, req, page_size, offs,
         METHOD=method, HAS_REQ=row_req is not None, CAP=plan.cap,
-        BLOCK=min(SCAN_BLOCK_MAX, plan.cap), RADIX_BITS=RADIX_BITS,
-        num_warps=SELECT_WARPS if plan.cap >= 4096 else min(SELECT_WARPS, 8),
-        num_stages=SELECT_STAGES)
+        BLOCK=min(launch.scan_block_max, plan.cap), RADIX_BITS=launch.radix_bits,
+        num_warps=launch.select_warps if plan.cap >= 4096 else min(launch.select_warps, 8),
+        num_stages=launch.select_stages)
     return out
 
 
 def topk_per_row(logits: torch.Tensor, lengths: torch.Tensor, top_k: int, *,
                  plan: Optional[TopkPlan] = None, out: Optional[torch.Tensor] = None,
-                 check: bool = False) -> torch.Tensor:
+                 check: bool = False, launch: TopkLaunch = TopkLaunch()) -> torch.Tensor:
     """Top-``top_k`` positions of each row's first ``lengths[b]`` logits.
 
     Args:
@@ -506,6 +516,7 @@ def topk_per_row(logits: torch.Tensor, lengths: torch.Tensor, top_k: int, *,
         plan: a ``plan_topk(lengths, top_k)`` result to reuse (built here if None).
         out: optional int32 ``[B, top_k]`` output.
         check: also run ``validate_topk_inputs`` (syncs; reads the data).
+        launch: the kernels' launch configuration.
     Returns:
         int32 ``[B, top_k]``: selected positions in ascending order, then ``-1`` where the row
         has fewer than ``top_k`` elements. Ties at the k-th value go to lower positions.
@@ -517,7 +528,7 @@ def topk_per_row(logits: torch.Tensor, lengths: torch.Tensor, top_k: int, *,
         plan = plan_topk(lengths, top_k)
     _check_plan(plan, logits, lengths, top_k)
     out = _check_out(out, logits, top_k)
-    return launch_topk(logits, lengths, top_k, plan, out)
+    return launch_topk(logits, lengths, top_k, plan, out, launch=launch)
 
 
 def _check_out(out: Optional[torch.Tensor], logits: torch.Tensor, top_k: int) -> torch.Tensor:

@@ -1,49 +1,41 @@
-"""Benchmark of the Triton sparse MLA decode kernel (``python -m harness.bench.attention``).
+"""``attention``: the Triton sparse MLA decode kernel (``sparse_mla_decode``) per problem size,
+KV row format and launch variant.
 
-For each problem size (default: DeepSeek-V3.2 decode, d_qk 576, d_v 512; B=128/H=128/top_k=2048,
-B=8/H=128/top_k=2048 and B=64/H=64/top_k=512), each KV row format (bf16, fp8_ds_mla) and each
-kernel variant (tunables of ``sparse_mla_decode``), it
+For each KV format (bf16, fp8_ds_mla) a pool of ``pool_tokens`` (32K) tokens per request in
+64-token pages shuffled over the whole pool (a random block table); per problem size (default
+DeepSeek-V3.2 decode, d_qk 576, d_v 512: B=128/H=128/top_k=2048, B=8/H=128/top_k=2048,
+B=64/H=64/top_k=512) fresh random queries and distinct request-local top-k positions. Rows:
 
-1. builds a KV pool of ``pool_tokens`` (32K) tokens per request, in pages of 64 tokens whose
-   order is shuffled over the whole pool (a random block table),
-2. draws fresh random queries and distinct request-local top-k positions, converts them to
-   global slot ids with the Triton converter (checked against its torch reference),
-3. runs the kernel and checks it against ``harness.reference.sparse_mla_decode_ref``
-   (rel err = ||out - ref|| / ||ref||, lse = max |lse - lse_ref|),
-4. times it with ``harness.timing.time_fn`` (cold L2, median): ``us`` is the public Python
-   call (launch overhead included); ``graph_us`` replays the same call captured in a CUDA graph
-   (close to kernel time, the figure FlashMLA's 228 us compares with). TFLOP/s uses
-   ``graph_us`` when there is one: FLOPs = B * 2 * H * top_k * (d_qk + d_v).
+* ``convert_req_index_to_global_index`` (once per size): the positions -> global slot ids,
+  checked equal to ``harness.reference.convert_req_index_to_global_index_ref``
+  (``max_rel_err`` = fraction of wrong slots);
+* ``sparse_mla_decode`` per launch variant (``variant`` names keyword arguments of the kernel,
+  recorded in ``launch_config``): checked against ``harness.reference.sparse_mla_decode_ref``
+  (``max_rel_err`` = ||out - ref|| / ||ref||, ``max_lse_err`` = max |lse - lse_ref|), timed as
+  the Python call (``cuda_graph`` false; the timer hides launch overhead behind a GPU spin) and
+  as a CUDA-graph replay (``cuda_graph`` true, close to kernel time). ``flops`` =
+  B * 2 * H * top_k * (d_qk + d_v); ``bytes_hbm_read`` = the gathered KV rows, B * top_k * row
+  bytes.
 
-The table is printed last; with ``$OUT`` set, the rows are also written to
-``$OUT/attention_bench.json``. ``--quick`` runs tiny sizes on the CPU (Triton interpreter) as a
-smoke test.
+``--quick``: d_qk 320 / d_v 256, a 256-token pool in 16-token pages, B=2/H=16/top_k=96.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
-import os
-import platform
-import sys
-import time
-import traceback
-from typing import Dict, List, Optional
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-if not torch.cuda.is_available():          # the CPU smoke run needs the Triton interpreter
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from backends.kernels.index_convert import convert_req_index_to_global_index
+from backends.kernels.kv_format import KV_DTYPES, make_kv_cache, row_bytes
+from backends.kernels.sparse_mla_decode import sparse_mla_decode
+from harness.bench.measure import BenchRun, Check, exact
+from harness.bench.registry import register
+from harness.reference import convert_req_index_to_global_index_ref, sparse_mla_decode_ref
 
-from backends.kernels.index_convert import convert_req_index_to_global_index  # noqa: E402
-from backends.kernels.sparse_mla_decode import choose_num_splits, sparse_mla_decode  # noqa: E402
-from backends.kernels.kv_format import KV_DTYPES, make_kv_cache, row_bytes  # noqa: E402
-from harness.reference import (convert_req_index_to_global_index_ref,  # noqa: E402
-                               sparse_mla_decode_ref)
-from harness.timing import capture_graph, time_fn  # noqa: E402
-
-#: kernel variants: name -> keyword arguments of sparse_mla_decode
+#: launch variants: name -> keyword arguments of sparse_mla_decode
 VARIANTS: Dict[str, dict] = {
     "default": {},                          # bf16: stages 2; fp8: stages 3; prefetch "index"
     "stages2": {"num_stages": 2},
@@ -57,19 +49,36 @@ VARIANTS: Dict[str, dict] = {
     "split3_n32": {"num_splits": 3, "block_n": 32},
 }
 
-#: (name, B, H, top_k, variants run at that size)
-SHAPES = [
-    ("B128_H128_k2048", 128, 128, 2048, ["default", "stages2", "pf_none", "n32"]),
-    ("B8_H128_k2048", 8, 128, 2048, ["default", "nosplit", "split16"]),
-    ("B64_H64_k512", 64, 64, 512, ["default", "nosplit"]),
-]
-
 #: default max |lse - lse_ref| per KV format (see tests/test_sparse_mla_decode.py for the reasoning)
 LSE_TOL = {"bf16": 1e-3, "fp8_ds_mla": 2e-2}
 
-QUICK_SHAPES = [
-    ("quick_B2_H16_k96", 2, 16, 96, ["default", "split3_n32"]),
-]
+#: DeepSeek-V3.2's softmax scale: qk_head_dim (128 + 64) ** -0.5
+SM_SCALE = 192 ** -0.5
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    batch: int
+    heads: int
+    top_k: int
+    variants: Tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Sizes:
+    d_qk: int
+    d_v: int
+    pool_tokens: int            # tokens per request in the pool
+    page_size: int
+    shapes: Tuple[Shape, ...]
+
+
+FULL = Sizes(576, 512, 32768, 64, (
+    Shape("B128_H128_k2048", 128, 128, 2048, ("default", "stages2", "pf_none", "n32")),
+    Shape("B8_H128_k2048", 8, 128, 2048, ("default", "nosplit", "split16")),
+    Shape("B64_H64_k512", 64, 64, 512, ("default", "nosplit"))))
+QUICK = Sizes(320, 256, 256, 16, (Shape("quick_B2_H16_k96", 2, 16, 96, ("default", "split3_n32")),))
 
 
 def flops(b: int, h: int, top_k: int, d_qk: int, d_v: int) -> float:
@@ -77,13 +86,18 @@ def flops(b: int, h: int, top_k: int, d_qk: int, d_v: int) -> float:
 
 
 class Pool:
-    """A paged KV pool: ``b_max`` requests x ``pool_tokens`` tokens, pages shuffled."""
+    """A paged KV pool: ``b_max`` requests x ``pool_tokens`` tokens, pages shuffled;
+    ``cache`` rows in ``kv_dtype`` (``backends.kernels.kv_format``), ``block_table`` int32
+    ``[b_max, pool_tokens / page_size]``."""
 
     def __init__(self, b_max: int, pool_tokens: int, page_size: int, d_qk: int, d_v: int,
                  kv_dtype: str, device: torch.device, seed: int):
         g = torch.Generator(device=device).manual_seed(seed)
+        self.kv_dtype = kv_dtype
         self.page_size = page_size
         self.pool_tokens = pool_tokens
+        self.d_qk, self.d_v = d_qk, d_v
+        self.row_bytes = row_bytes(kv_dtype, d_v, d_qk - d_v)
         pages_per_req = pool_tokens // page_size
         num_pages = b_max * pages_per_req
         perm = torch.randperm(num_pages, generator=g, device=device).to(torch.int32)
@@ -93,197 +107,128 @@ class Pool:
         self.cache = make_kv_cache(kv, kv_dtype, d_nope=d_v)
         del kv
 
-
-def _topk_local(b: int, pool_tokens: int, top_k: int, g: torch.Generator, device) -> torch.Tensor:
-    """Distinct random request-local positions ``[b, top_k]`` int32."""
-    return torch.rand((b, pool_tokens), generator=g, device=device).topk(top_k, dim=1).indices.to(torch.int32)
-
-
-def run_case(pool: Pool, shape: str, b: int, h: int, top_k: int, d_qk: int, d_v: int,
-             kv_dtype: str, variant: str, kwargs: dict, device: torch.device, seed: int,
-             repeats: int, use_graph: bool) -> dict:
-    g = torch.Generator(device=device).manual_seed(seed)
-    q = torch.randn((b, h, d_qk), generator=g, device=device, dtype=torch.float32).to(torch.bfloat16)
-    local = _topk_local(b, pool.pool_tokens, top_k, g, device)
-    req_id = torch.arange(b, dtype=torch.int32, device=device)
-    bt = pool.block_table[:b]
-    indices = convert_req_index_to_global_index(req_id, bt, local, pool.page_size)
-    idx_ok = torch.equal(indices, convert_req_index_to_global_index_ref(req_id, bt, local, pool.page_size))
-    conv_us = time_fn(lambda: convert_req_index_to_global_index(req_id, bt, local, pool.page_size), device,
-                      warmup=2, repeats=max(3, repeats // 2)).median_us
-    sm_scale = 192 ** -0.5          # DeepSeek-V3.2: qk_head_dim (128 + 64) ** -0.5
-
-    row = {"shape": shape, "B": b, "H": h, "top_k": top_k, "kv_dtype": kv_dtype, "variant": variant,
-           "kwargs": kwargs, "index_convert_ok": bool(idx_ok), "index_convert_us": conv_us,
-           "num_splits_auto": choose_num_splits(b, h, top_k, block_h=kwargs.get("block_h", 64 if h >= 64 else 16),
-                                                block_n=kwargs.get("block_n", 64),
-                                                num_sms=(torch.cuda.get_device_properties(device).multi_processor_count
-                                                         if device.type == "cuda" else 132))}
-    fn = lambda: sparse_mla_decode(q, pool.cache, indices, sm_scale, d_v, **kwargs)  # noqa: E731
-    seen = _compiled_keys()
-    t0 = time.perf_counter()
-    out, lse = fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    row["first_call_s"] = time.perf_counter() - t0        # includes compilation
-    row["compiled"] = _compiled_resources(exclude=seen)
-    ref_out, ref_lse = sparse_mla_decode_ref(q, pool.cache, indices, sm_scale, d_v)
-    row["rel_err"] = float((out.float() - ref_out).norm() / ref_out.norm())
-    row["lse_err"] = float((lse - ref_lse).abs().max())
-    row["finite"] = bool(torch.isfinite(out).all() and torch.isfinite(lse).all())
-    del ref_out, ref_lse
-
-    st = time_fn(fn, device, warmup=3, repeats=repeats)
-    row.update(us=st.median_us, p10_us=st.p10_us, p90_us=st.p90_us)
-    row["graph_us"] = float("nan")
-    if use_graph and device.type == "cuda":
-        graph, (g_out, g_lse) = capture_graph(fn)
-        graph.replay()
-        torch.cuda.synchronize()
-        row["graph_matches"] = bool(torch.equal(g_out, out) and torch.equal(g_lse, lse))
-        gst = time_fn(graph.replay, device, warmup=3, repeats=repeats)
-        row["graph_us"] = gst.median_us
-        del graph
-    # steady-state cost per call of back-to-back calls: max(CPU launch cost, GPU time)
-    n_loop = 3 if device.type == "cpu" else 50
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n_loop):
-        fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    row["loop_us"] = (time.perf_counter() - t0) / n_loop * 1e6
-    t_kernel = row["graph_us"] if row["graph_us"] == row["graph_us"] else row["us"]
-    row["tflops"] = flops(b, h, top_k, d_qk, d_v) / (t_kernel * 1e-6) / 1e12
-    row["gbps_kv"] = b * top_k * pool.cache.shape[1] * pool.cache.element_size() / (t_kernel * 1e-6) / 1e9
-    return row
+    def columns(self) -> Dict[str, object]:
+        """The result columns this pool fixes."""
+        return {"kv_dtype": self.kv_dtype, "page_size": self.page_size,
+                "context_len": self.pool_tokens, "head_dim": self.d_qk, "head_dim_v": self.d_v,
+                "kv_row_bytes": self.row_bytes}
 
 
-def _kernel_caches():
-    from backends.kernels import sparse_mla_decode as mod
-    for fn in (mod._sparse_mla_decode_fwd, mod._sparse_mla_decode_combine):
-        for cache in getattr(fn, "device_caches", {}).values():
-            kc = cache[0] if isinstance(cache, tuple) else cache
-            if isinstance(kc, dict):
-                for key, k in kc.items():
-                    yield fn.__name__, key, k
+@dataclass
+class DecodeProblem:
+    """One decode batch over a ``Pool``: ``q`` bf16 ``[B, H, d_qk]``; ``local`` int32
+    ``[B, top_k]`` distinct request-local positions, ``req_id`` int32 ``[B]``, ``block_table``
+    int32 ``[B, pages]``; ``indices`` int32 ``[B, top_k]`` their global slots; ``ref_out``
+    float32 ``[B, H, d_v]`` and ``ref_lse`` float32 ``[B, H]`` the reference attention."""
+
+    pool: Pool
+    q: torch.Tensor
+    local: torch.Tensor
+    req_id: torch.Tensor
+    block_table: torch.Tensor
+    indices: torch.Tensor
+    ref_out: torch.Tensor
+    ref_lse: torch.Tensor
+
+    @classmethod
+    def draw(cls, pool: Pool, b: int, h: int, top_k: int, seed: int) -> "DecodeProblem":
+        dev = pool.cache.device
+        g = torch.Generator(device=dev).manual_seed(seed)
+        q = torch.randn((b, h, pool.d_qk), generator=g, device=dev).to(torch.bfloat16)
+        local = torch.rand((b, pool.pool_tokens), generator=g, device=dev).topk(
+            top_k, dim=1).indices.to(torch.int32)
+        req_id = torch.arange(b, dtype=torch.int32, device=dev)
+        bt = pool.block_table[:b]
+        indices = convert_req_index_to_global_index_ref(req_id, bt, local, pool.page_size)
+        ref_out, ref_lse = sparse_mla_decode_ref(q, pool.cache, indices, SM_SCALE, pool.d_v)
+        return cls(pool, q, local, req_id, bt, indices, ref_out, ref_lse)
+
+    def columns(self) -> Dict[str, object]:
+        b, h, _ = self.q.shape
+        k = self.local.shape[1]
+        return {**self.pool.columns(), "batch_size": b, "num_heads": h, "top_k": k,
+                "flops": flops(b, h, k, self.pool.d_qk, self.pool.d_v),
+                "bytes_hbm_read": b * k * self.pool.row_bytes}
+
+    def convert(self) -> torch.Tensor:
+        return convert_req_index_to_global_index(self.req_id, self.block_table, self.local,
+                                                 self.pool.page_size)
+
+    def check_slots(self, slots: torch.Tensor) -> Check:
+        return exact((slots != self.indices).float().mean().item())
+
+    def check_attention(self, out: Tuple[torch.Tensor, torch.Tensor], rel_tol: float,
+                        lse_tol: Optional[float]) -> Check:
+        """``out`` = (out, lse) against the reference; ``lse_tol`` None: lse not checked."""
+        o, lse = out
+        rel = ((o.float() - self.ref_out).norm() / self.ref_out.norm()).item()
+        lse_err = (lse.float() - self.ref_lse).abs().max().item()
+        finite = bool(torch.isfinite(o).all() and torch.isfinite(lse).all())
+        return Check(rel, rel_tol, lse_err, float("nan") if lse_tol is None else lse_tol,
+                     mismatch="" if finite else "non-finite output")
 
 
-def _compiled_keys() -> set:
-    try:
-        return {(n, str(k)) for n, k, _ in _kernel_caches()}
-    except Exception:
-        return set()
+def _names(allowed: Sequence[str], what: str):
+    def parse(text: str) -> List[str]:
+        names = [n for n in text.split(",") if n]
+        bad = [n for n in names if n not in allowed]
+        if bad:
+            raise argparse.ArgumentTypeError(f"unknown {what} {bad}; allowed: {', '.join(allowed)}")
+        return names
+    return parse
 
 
-def _compiled_resources(exclude: set) -> list:
-    """Registers / spills / shared memory of the kernels compiled since ``exclude`` was taken."""
-    res = []
-    try:
-        for name, key, k in _kernel_caches():
-            if (name, str(key)) in exclude:
-                continue
-            md = getattr(k, "metadata", None)
-            res.append({"kernel": name, "n_regs": getattr(k, "n_regs", None),
-                        "n_spills": getattr(k, "n_spills", None),
-                        "shared": getattr(md, "shared", None), "num_warps": getattr(md, "num_warps", None),
-                        "num_stages": getattr(md, "num_stages", None)})
-    except Exception as e:  # diagnostics only
-        res.append({"error": repr(e)})
-    return res
+def _options(p: argparse.ArgumentParser) -> None:
+    shapes = [s.name for s in FULL.shapes + QUICK.shapes]
+    p.add_argument("--formats", type=_names(KV_DTYPES, "KV format"), default=list(KV_DTYPES),
+                   help=f"comma list of KV formats ({', '.join(KV_DTYPES)})")
+    p.add_argument("--variants", type=_names(list(VARIANTS), "variant"), default=[],
+                   help=f"comma list: only these variants ({', '.join(VARIANTS)})")
+    p.add_argument("--shapes", type=_names(shapes, "shape"), default=[],
+                   help=f"comma list: only these sizes ({', '.join(shapes)})")
+    p.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph timing")
+    p.add_argument("--rel-tol", type=float, default=1e-2)
+    p.add_argument("--lse-tol", type=float, default=None,
+                   help="max |lse - ref| (default 1e-3 for bf16 rows, 2e-2 for fp8_ds_mla rows, whose "
+                        "logits use bf16-rounded dequantized K)")
 
 
-def _fmt(rows: List[dict]) -> str:
-    hdr = (f"{'shape':<18} {'kv':<10} {'variant':<12} {'us':>8} {'loop_us':>8} {'graph_us':>8} "
-           f"{'TFLOP/s':>8} {'rel_err':>9} {'lse_err':>9} {'ok':>3}")
-    lines = [hdr, "-" * len(hdr)]
-    for r in rows:
-        if "error" in r:
-            lines.append(f"{r['shape']:<18} {r['kv_dtype']:<10} {r['variant']:<12} FAILED: {r['error'][:60]}")
-            continue
-        lines.append(f"{r['shape']:<18} {r['kv_dtype']:<10} {r['variant']:<12} {r['us']:>8.1f} "
-                     f"{r['loop_us']:>8.1f} {r['graph_us']:>8.1f} {r['tflops']:>8.1f} {r['rel_err']:>9.2e} {r['lse_err']:>9.2e} "
-                     f"{'y' if r['pass'] else 'N':>3}")
-    return "\n".join(lines)
-
-
-def main(argv: Optional[List[str]] = None) -> List[dict]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true",
-                    help="tiny sizes: a smoke run (on the CPU through the Triton interpreter without a GPU)")
-    ap.add_argument("--formats", default=",".join(KV_DTYPES), help="comma list of KV formats")
-    ap.add_argument("--variants", default="", help="comma list: restrict the variants run")
-    ap.add_argument("--shapes", default="", help="comma list: restrict the shapes run")
-    ap.add_argument("--repeats", type=int, default=20)
-    ap.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph timing")
-    ap.add_argument("--rel-tol", type=float, default=1e-2)
-    ap.add_argument("--lse-tol", type=float, default=None,
-                    help="max |lse - ref| (default 1e-3 for bf16 rows, 2e-2 for fp8_ds_mla rows, whose "
-                         "logits use bf16-rounded dequantized K)")
-    args = ap.parse_args(argv)
-
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.type == "cpu" and not args.quick:
-        print("no CUDA device: running the --quick sizes on the CPU", file=sys.stderr)
-        args.quick = True
-    d_qk, d_v = (576, 512) if not args.quick else (320, 256)
-    pool_tokens, page_size = (32768, 64) if not args.quick else (256, 16)
-    shapes = QUICK_SHAPES if args.quick else SHAPES
-    if args.shapes:
-        keep = set(args.shapes.split(","))
-        shapes = [s for s in shapes if s[0] in keep]
-    formats = [f for f in args.formats.split(",") if f]
-    for f in formats:
-        if f not in KV_DTYPES:
-            raise SystemExit(f"--formats: unknown KV format {f!r}; allowed {KV_DTYPES}")
-    only = set(v for v in args.variants.split(",") if v)
-    repeats = 3 if args.quick else args.repeats
-    b_max = max(s[1] for s in shapes) if shapes else 1
-
-    rows: List[dict] = []
-    t_start = time.perf_counter()
-    for fi, kv_dtype in enumerate(formats):
-        pool = Pool(b_max, pool_tokens, page_size, d_qk, d_v, kv_dtype, device, seed=1000 + fi)
-        for si, (shape, b, h, top_k, variants) in enumerate(shapes):
-            for vi, variant in enumerate(variants):
-                if only and variant not in only:
+@register("attention", "Triton sparse MLA decode: launch variants x KV formats x sizes, "
+          "Python call and CUDA-graph replay", options=_options)
+def attention(run: BenchRun) -> None:
+    args = run.args
+    sz = QUICK if run.quick else FULL
+    shapes = [s for s in sz.shapes if not args.shapes or s.name in args.shapes]
+    b_max = max((s.batch for s in shapes), default=1)
+    for fi, kv_dtype in enumerate(args.formats):
+        pool = Pool(b_max, sz.pool_tokens, sz.page_size, sz.d_qk, sz.d_v, kv_dtype, run.device,
+                    seed=1000 + fi)
+        lse_tol = LSE_TOL[kv_dtype] if args.lse_tol is None else args.lse_tol
+        for si, shape in enumerate(shapes):
+            prob = DecodeProblem.draw(pool, shape.batch, shape.heads, shape.top_k,
+                                      seed=10_000 * (fi + 1) + 100 * si)
+            cols = {**prob.columns(), "case": shape.name}
+            if fi == 0:
+                run.measure(prob.convert, check=prob.check_slots,
+                            kernel="convert_req_index_to_global_index",
+                            **{k: cols[k] for k in ("case", "batch_size", "top_k", "page_size",
+                                                    "context_len")})
+            for variant in shape.variants:
+                if args.variants and variant not in args.variants:
                     continue
                 kwargs = VARIANTS[variant]
-                seed = 10_000 * (fi + 1) + 100 * si + vi
-                try:
-                    r = run_case(pool, shape, b, h, top_k, d_qk, d_v, kv_dtype, variant, kwargs,
-                                 device, seed, repeats, use_graph=not args.no_graph)
-                    lse_tol = args.lse_tol if args.lse_tol is not None else LSE_TOL[kv_dtype]
-                    r["pass"] = bool(r["finite"] and r["index_convert_ok"] and r["rel_err"] <= args.rel_tol
-                                     and r["lse_err"] <= lse_tol)
-                except Exception as e:  # a variant that does not compile (e.g. shared memory) is reported
-                    traceback.print_exc()
-                    r = {"shape": shape, "B": b, "H": h, "top_k": top_k, "kv_dtype": kv_dtype,
-                         "variant": variant, "kwargs": kwargs, "error": f"{type(e).__name__}: {e}",
-                         "pass": False}
-                    if device.type == "cuda":
-                        torch.cuda.synchronize()
-                rows.append(r)
-                print(json.dumps({k: v for k, v in r.items() if k != "kwargs"}), flush=True)
+                for graph in run.graph_modes(not args.no_graph):
+                    run.measure(lambda: sparse_mla_decode(prob.q, pool.cache, prob.indices,
+                                                          SM_SCALE, pool.d_v, **kwargs),
+                                check=lambda out: prob.check_attention(out, args.rel_tol, lse_tol),
+                                graph=graph, kernel="sparse_mla_decode", variant=variant,
+                                launch_config=json.dumps(kwargs, sort_keys=True), **cols)
+            del prob
         del pool
-        if device.type == "cuda":
+        if run.cuda:
             torch.cuda.empty_cache()
 
-    env = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
-           "torch": torch.__version__, "triton": __import__("triton").__version__,
-           "python": platform.python_version(), "quick": args.quick, "d_qk": d_qk, "d_v": d_v,
-           "pool_tokens": pool_tokens, "page_size": page_size, "wall_s": time.perf_counter() - t_start}
-    out_dir = os.environ.get("OUT")
-    if out_dir:
-        os.makedirs(out_dir, exist_ok=True)
-        with open(os.path.join(out_dir, "attention_bench.json"), "w") as f:
-            json.dump({"env": env, "rows": rows}, f, indent=1, default=str)
-    print(f"\n# sparse MLA decode, d_qk={d_qk}, d_v={d_v}, {env['device']}, "
-          f"torch {env['torch']}, triton {env['triton']}, {env['wall_s']:.0f} s")
-    print(_fmt(rows))
-    return rows
 
-
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":   # the older spelling: python -m harness.bench.attention
+    from harness.bench.__main__ import main
+    raise SystemExit(main(["run", "attention", *__import__("sys").argv[1:]]))

@@ -1,197 +1,177 @@
-"""Our HiSparse swap-in (``HiSparseCoordinator.swap_in_selected_pages``, ``uva_kernel`` copies)
-beside SGLang's own kernel (``backends/kernels/sglang_peer.py``), on identical pools and
-selections, measured in the same process (part of ``python -m harness.bench peers``).
+"""Our HiSparse swap-in (``swap_in_selected_pages``, ``uva_kernel`` copies) beside SGLang's own
+kernel (``backends.kernels.sglang_peer``), on identical pools and selections (the swap-in part
+of the ``peers`` bench).
 
-Scenarios (``harness.bench.swap_in.BenchSizes``: 656 B rows, top_k 2048, 4096 hot slots):
-  (a) one request, every call ``top_k`` missed rows scattered over a 1 M-row host pool;
-  (b) batch 64, every selected token resident (all hits): the resolve cost alone;
-  (c) batch 64, each step keeping 85 % of the previous selection, in lockstep: before each of
-      upstream's calls its hot-buffer state is set (untimed) to ours before the same step, so
-      both do exactly the same hits, misses and bytes.
-Each side is timed twice where it differs: ``peer_us`` is the peer's full call (our
-canonicalising sort of the selection, which lets upstream's kernel take arbitrary input, plus
-the kernel), ``peer_kernel_us`` upstream's kernel alone on the canonical selection (what SGLang
-runs, its top-k being already valid and distinct). ``*_rel_err``: fraction of selected entries
-whose device row differs from the host row (0 when correct). Misses are checked equal per
-request between the two sides in (a)-(c) before any timing.
+The cases of ``harness.bench.swap_in`` (``all_misses``, ``all_hits``, ``steady_state``), each
+with three rows: ours; ``<peer>_call``, the peer's full call (our canonicalising sort of the
+selection, which lets upstream's kernel take any input, then the kernel); ``<peer>_kernel``,
+upstream's kernel alone on the canonical selection (what SGLang runs: its top-k is already
+valid and distinct), which is our row's peer. ``steady_state`` runs in lockstep: our steps run
+free first (checked against nothing but the host rows; states recorded), then every call of
+either side starts, in its untimed set-up, from our state before the same step, so both do the
+same hits, misses and bytes. Checks: each side's device rows behind its returned slots against
+the host rows (``max_rel_err``, tolerance 0) and its misses per request (expected ones; in
+``steady_state`` ours as recorded).
 """
 from __future__ import annotations
 
-import itertools
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
 
 from backends.hisparse_coordinator import HiSparseCoordinator
+from backends.kernels.flashmla_peer import PeerUnavailable, PeerUnsupported
 from backends.kernels.sglang_peer import SGLangHiSparsePeer, canonical_selection
-from harness.bench.swap_in import (BenchSizes, _coordinator, _overlap_selections, _random_rows,
-                                   row_error)
-from harness.timing import time_fn
+from harness.bench.measure import BenchRun, Check, exact
+from harness.bench.swap_in import (RecordedSteps, Replay, Sizes, case_columns, fresh_chunks,
+                                   loaded_coordinator, overlap_selections, row_error,
+                                   set_coordinator_state, swap_check)
 
 PeerFactory = Callable[[HiSparseCoordinator], SGLangHiSparsePeer]
 
 
-def _pair(sz: BenchSizes, device, reqs: List[int], seq_len: int, seed: int, peer_factory: PeerFactory):
-    """Two coordinators with identical host KV and hot buffers (ours, and the peer's pools)."""
-    ours = _coordinator(sz, device, len(reqs), seq_len)
-    pools = _coordinator(sz, device, len(reqs), seq_len)
-    for r in reqs:
-        rows = _random_rows(seq_len, sz.row_bytes, device, seed + r)
-        ours.load_host_kv(0, r, rows)
-        pools.load_host_kv(0, r, rows)
-    for c in (ours, pools):
-        c.prefill(reqs, [seq_len - 1] * len(reqs))
-        c.begin_step(reqs, [seq_len] * len(reqs))
-    peer = peer_factory(pools)
-    peer.prefill(reqs)
-    peer.begin_step(reqs, [seq_len] * len(reqs))
-    return ours, pools, peer
+def peer_check(peer: SGLangHiSparsePeer, reqs: Sequence[int], sel: torch.Tensor,
+               out: torch.Tensor, misses: Sequence[int]) -> Check:
+    """The peer's latest call: device rows of its pools behind ``out``, misses per request."""
+    got = peer.last_counts()["misses"].cpu().tolist()
+    mismatch = "" if got == list(misses) else f"misses per request {got}, expected {list(misses)}"
+    return exact(row_error(peer.pools, reqs, sel.cpu().numpy(), out), mismatch)
 
 
-def _row(name: str, B: int, sz: BenchSizes, **kw) -> Dict:
-    return {"kernel": f"swap_in {name}", "B": B, "top_k": sz.top_k, "peer": "sglang",
-            "device_buffer_size": sz.device_buffer_size, **kw}
+class Pair:
+    """Ours and the peer on identical pools: ``ours`` and ``pools`` are two coordinators with the
+    same host KV and hot buffers; ``peer`` drives ``pools`` (None when it cannot be built:
+    ``why`` says why, ``status`` is unavailable or invalid)."""
+
+    def __init__(self, run: BenchRun, sz: Sizes, batch: int, seq_len: int, seed: int,
+                 factory: PeerFactory, name: str):
+        self.run, self.name, self.reqs = run, name, list(range(batch))
+        self.ours = loaded_coordinator(sz, run.device, batch, seq_len, seed)
+        self.pools = loaded_coordinator(sz, run.device, batch, seq_len, seed)
+        self.peer: Optional[SGLangHiSparsePeer] = None
+        self.status = self.why = ""
+        try:
+            self.peer = factory(self.pools)
+        except (PeerUnavailable, PeerUnsupported) as e:
+            self.status = "unavailable" if isinstance(e, PeerUnavailable) else "invalid"
+            self.why = str(e)
+            return
+        self.peer.prefill(self.reqs)
+        self.peer.begin_step(self.reqs, [seq_len] * batch)
+
+    def measure(self, ours_fn, peer_fn, kernel_fn, setups, checks, cols: Dict) -> None:
+        """Ours, the peer's call and upstream's kernel alone (``setups``/``checks``: one each);
+        our row's peer is the kernel alone."""
+        run = self.run
+        ours = run.measure(ours_fn, setup=setups[0], check=checks[0],
+                           kernel="swap_in_selected_pages", copy_engine="uva_kernel", **cols)
+        for what, fn, setup, check in (("call", peer_fn, setups[1], checks[1]),
+                                       ("kernel", kernel_fn, setups[2], checks[2])):
+            kernel = f"{self.name}_{what}"
+            theirs = (run.skip(self.status, self.why, kernel=kernel, **cols) if self.peer is None
+                      else run.measure(fn, setup=setup, check=check, kernel=kernel, **cols))
+        run.compare(ours, theirs)
 
 
-def _misses_equal(ours: HiSparseCoordinator, peer: SGLangHiSparsePeer, what: str) -> float:
-    mo = ours.last_counts["misses"].cpu()
-    mp = peer.last_counts()["misses"].cpu()
-    if not torch.equal(mo.to(torch.int64), mp):
-        raise AssertionError(f"{what}: misses differ (ours {mo.tolist()}, sglang {mp.tolist()})")
-    return float(mo.double().mean())
-
-
-def _time_pair(row: Dict, device, sz: BenchSizes, ours_fn, peer_fn, kernel_fn, setups) -> Dict:
-    """Times ours, the peer's call and upstream's kernel alone; ``setups`` gives each its own
-    untimed per-call set-up."""
-    kw = dict(warmup=sz.warmup, repeats=sz.repeats)
-    t_o = time_fn(ours_fn, device, setup=setups[0], **kw)
-    t_p = time_fn(peer_fn, device, setup=setups[1], **kw)
-    t_k = time_fn(kernel_fn, device, setup=setups[2], **kw)
-    row.update(ours_us=t_o.median_us, peer_us=t_p.median_us, peer_kernel_us=t_k.median_us,
-               ours_over_peer=t_o.median_us / t_p.median_us,
-               ours_over_peer_kernel=t_o.median_us / t_k.median_us)
-    return row
-
-
-def scattered_misses(sz: BenchSizes, device, peer_factory: PeerFactory) -> Dict:
-    """(a) one request, ``top_k`` never-resident positions per call."""
-    n, K, D = sz.host_rows_a, sz.top_k, sz.device_buffer_size
-    ours, pools, peer = _pair(sz, device, [0], n, 11, peer_factory)
-    fresh = np.random.default_rng(3).permutation(np.arange(D, n - 1)).astype(np.int32)
-    calls = 1 + 3 * (sz.warmup + sz.repeats)
-    if len(fresh) < calls * K:
-        raise ValueError(f"host_rows_a={n} too small for {calls} calls of {K} fresh rows")
-    chunks = fresh[:calls * K].reshape(calls, 1, K)
-    req = torch.tensor([0], dtype=torch.int32, device=device)
-    seq = torch.tensor([n], dtype=torch.int32, device=device)
-    topk = torch.from_numpy(chunks[0]).to(device)
-    out_o = ours.swap_in_selected_pages(req, seq, topk, 0)
-    out_p = peer.swap_in(req, seq, topk, 0)
-    if _misses_equal(ours, peer, "(a)") != K:
-        raise AssertionError(f"(a) expected {K} misses")
-    row = _row("(a) all misses", 1, sz, misses_per_req=float(K),
-               ours_rel_err=row_error(ours, [0], chunks[0], out_o),
-               peer_rel_err=row_error(pools, [0], chunks[0], out_p))
-    it = iter(range(1, calls))
-    sel = torch.empty_like(topk)
-    canon = torch.empty_like(topk)
+def all_misses(run: BenchRun, sz: Sizes, factory: PeerFactory, name: str) -> None:
+    """One request, ``top_k`` never-resident positions per call."""
+    n, K = sz.host_rows_a, sz.top_k
+    pair = Pair(run, sz, 1, n, 11, factory, name)
+    chunks = iter(fresh_chunks(sz, 3 * (1 + run.warmup + run.repeats)))
+    req = torch.tensor([0], dtype=torch.int32, device=run.device)
+    seq = torch.tensor([n], dtype=torch.int32, device=run.device)
+    sel = torch.empty((1, K), dtype=torch.int32, device=run.device)
+    canon = torch.empty_like(sel)
 
     def next_sel():
-        sel.copy_(torch.from_numpy(chunks[next(it)]))
+        sel.copy_(torch.from_numpy(next(chunks)))
 
     def next_canon():
         next_sel()
         canon.copy_(canonical_selection(sel, seq)[0])
 
-    return _time_pair(row, device, sz, lambda: ours.swap_in_selected_pages(req, seq, sel, 0),
-                      lambda: peer.swap_in(req, seq, sel, 0),
-                      lambda: peer.swap_in_direct(req, seq, canon, 0),
-                      (next_sel, next_sel, next_canon))
+    ours, peer = pair.ours, pair.peer
+    pair.measure(lambda: ours.swap_in_selected_pages(req, seq, sel, 0),
+                 lambda: peer.swap_in(req, seq, sel, 0),
+                 lambda: peer.swap_in_direct(req, seq, canon, 0),
+                 (next_sel, next_sel, next_canon),
+                 (lambda out: swap_check(ours, [0], sel, out, [K]),
+                  lambda out: peer_check(peer, [0], sel, out, [K]),
+                  lambda out: peer_check(peer, [0], canon, out, [K])),
+                 case_columns(sz, "all_misses", 1, n, K))
 
 
-def all_hits(sz: BenchSizes, device, peer_factory: PeerFactory) -> Dict:
-    """(b) batch of long requests selecting only resident tokens and the newest one."""
+def all_hits(run: BenchRun, sz: Sizes, factory: PeerFactory, name: str) -> None:
+    """A batch of long requests selecting only resident tokens and the newest one."""
     B, K, D, S = sz.batch, sz.top_k, sz.device_buffer_size, sz.seq_len_b
-    reqs = list(range(B))
-    ours, pools, peer = _pair(sz, device, reqs, S, 100, peer_factory)
+    pair = Pair(run, sz, B, S, 100, factory, name)
     rng = np.random.default_rng(5)
-    sel = np.stack([np.concatenate([rng.permutation(D)[:K - 1], [S - 1]]) for _ in reqs])
-    req = torch.tensor(reqs, dtype=torch.int32, device=device)
-    seq = torch.full((B,), S, dtype=torch.int32, device=device)
-    topk = torch.from_numpy(sel.astype(np.int32)).to(device)
-    out_o = ours.swap_in_selected_pages(req, seq, topk, 0)
-    out_p = peer.swap_in(req, seq, topk, 0)
-    if _misses_equal(ours, peer, "(b)") != 0:
-        raise AssertionError("(b) expected all hits")
-    row = _row("(b) all hits", B, sz, misses_per_req=0.0,
-               ours_rel_err=row_error(ours, reqs, sel, out_o),
-               peer_rel_err=row_error(pools, reqs, sel, out_p))
+    sel = np.stack([np.concatenate([rng.permutation(D)[:K - 1], [S - 1]]) for _ in pair.reqs])
+    req = torch.tensor(pair.reqs, dtype=torch.int32, device=run.device)
+    seq = torch.full((B,), S, dtype=torch.int32, device=run.device)
+    topk = torch.from_numpy(sel.astype(np.int32)).to(run.device)
     canon = canonical_selection(topk, seq)[0]
-    return _time_pair(row, device, sz, lambda: ours.swap_in_selected_pages(req, seq, topk, 0),
-                      lambda: peer.swap_in(req, seq, topk, 0),
-                      lambda: peer.swap_in_direct(req, seq, canon, 0), (None, None, None))
+    ours, peer, reqs = pair.ours, pair.peer, pair.reqs
+    pair.measure(lambda: ours.swap_in_selected_pages(req, seq, topk, 0),
+                 lambda: peer.swap_in(req, seq, topk, 0),
+                 lambda: peer.swap_in_direct(req, seq, canon, 0), (None, None, None),
+                 (lambda out: swap_check(ours, reqs, topk, out, [0] * B, [K] * B),
+                  lambda out: peer_check(peer, reqs, topk, out, [0] * B),
+                  lambda out: peer_check(peer, reqs, canon, out, [0] * B)),
+                 case_columns(sz, "all_hits", B, S, 0))
 
 
-def steady_state(sz: BenchSizes, device, peer_factory: PeerFactory) -> Dict:
-    """(c) overlapping steps; upstream starts each call from our state before the same step."""
+def steady_state(run: BenchRun, sz: Sizes, factory: PeerFactory, name: str) -> None:
+    """Overlapping steps in lockstep: every call starts from our state before its step."""
     B, K, S = sz.batch, sz.top_k, sz.seq_len_c
-    reqs = list(range(B))
-    ours, pools, peer = _pair(sz, device, reqs, S, 1000, peer_factory)
-    steps = sz.burn_in_c + sz.warmup + sz.repeats
-    sels = _overlap_selections(np.random.default_rng(9), steps, B, K, S, sz.overlap_c)
-    sel_t = [torch.from_numpy(s.astype(np.int32)).to(device) for s in sels]
-    req = torch.tensor(reqs, dtype=torch.int32, device=device)
-    seq = torch.full((B,), S, dtype=torch.int32, device=device)
-    states, misses, errs = [], [], [0.0, 0.0]
-    for i in range(steps):                       # ours, recording the state before each step
-        states.append((ours.slot_unit[0].clone(), ours.lru[0].clone()))
-        out_o = ours.swap_in_selected_pages(req, seq, sel_t[i], 0)
-        peer.load_state(0, *states[i])
-        out_p = peer.swap_in(req, seq, sel_t[i], 0)
-        misses.append(_misses_equal(ours, peer, f"(c) step {i}"))
+    pair = Pair(run, sz, B, S, 1000, factory, name)
+    ours, peer, reqs = pair.ours, pair.peer, pair.reqs
+    steps = sz.burn_in_c + run.warmup + run.repeats
+    sels = overlap_selections(np.random.default_rng(9), steps, B, K, S, sz.overlap_c)
+    req = torch.tensor(reqs, dtype=torch.int32, device=run.device)
+    seq = torch.full((B,), S, dtype=torch.int32, device=run.device)
+    rec = RecordedSteps.run(ours, reqs, seq, sels, checked_rows=sz.burn_in_c)
+    peer_err, differ = 0.0, []
+    for i in range(steps if peer is not None else 0):    # the peer from our state, step by step
+        peer.load_state(0, *rec.states[i])
+        out = peer.swap_in(req, seq, rec.selections[i], 0)
+        if peer.last_counts()["misses"].cpu().tolist() != rec.misses[i]:
+            differ.append(i)
         if i < sz.burn_in_c:
-            errs[0] = max(errs[0], row_error(ours, reqs, sels[i], out_o))
-            errs[1] = max(errs[1], row_error(pools, reqs, sels[i], out_p))
+            peer_err = max(peer_err, row_error(pair.pools, reqs, sels[i], out))
+    mismatch = f"steps {differ}: the peer's misses differ from ours" if differ else ""
     timed = range(sz.burn_in_c, steps)
-    row = _row(f"(c) {round(sz.overlap_c * 100)}% overlap", B, sz,
-               misses_per_req=float(np.mean([misses[i] for i in timed])),
-               ours_rel_err=errs[0], peer_rel_err=errs[1])
-    topk = torch.empty_like(sel_t[0])
-    canon = torch.empty_like(sel_t[0])
+    topk = torch.empty((B, K), dtype=torch.int32, device=run.device)
+    canon = torch.empty_like(topk)
+    set_peer = None if peer is None else (lambda su, lru: peer.load_state(0, su, lru))
+    replays = (Replay(rec, timed, topk, set_coordinator_state(ours)),
+               Replay(rec, timed, topk, set_peer),
+               Replay(rec, timed, topk, set_peer,
+                      after=lambda: canon.copy_(canonical_selection(topk, seq)[0])))
 
-    def replay(set_state, canonical: bool = False):
-        """Set-up of one timed call: the next timed step's state (as ours had it) and selection."""
-        calls = itertools.count()
+    def recorded(counts: Callable[[], Dict[str, torch.Tensor]], replay: Replay, err: float,
+                 failed: str) -> Check:
+        got = counts()["misses"].cpu().tolist()
+        want = rec.misses[replay.step]
+        return exact(err, failed or ("" if got == want else
+                                     f"misses per request {got}, recorded {want}"))
 
-        def setup():
-            i = timed[next(calls) % len(timed)]
-            set_state(*states[i])
-            topk.copy_(sel_t[i])
-            if canonical:
-                canon.copy_(canonical_selection(topk, seq)[0])
-        return setup
-
-    def set_ours(slot_unit, lru):
-        ours.slot_unit[0].copy_(slot_unit)
-        ours.lru[0].copy_(lru)
-
-    def set_peer(slot_unit, lru):
-        peer.load_state(0, slot_unit, lru)
-
-    return _time_pair(row, device, sz, lambda: ours.swap_in_selected_pages(req, seq, topk, 0),
-                      lambda: peer.swap_in(req, seq, topk, 0),
-                      lambda: peer.swap_in_direct(req, seq, canon, 0),
-                      (replay(set_ours), replay(set_peer), replay(set_peer, canonical=True)))
+    pair.measure(lambda: ours.swap_in_selected_pages(req, seq, topk, 0),
+                 lambda: peer.swap_in(req, seq, topk, 0),
+                 lambda: peer.swap_in_direct(req, seq, canon, 0), replays,
+                 (lambda _: recorded(lambda: ours.last_counts, replays[0], rec.row_err, ""),
+                  lambda _: recorded(peer.last_counts, replays[1], peer_err, mismatch),
+                  lambda _: recorded(peer.last_counts, replays[2], peer_err, mismatch)),
+                 case_columns(sz, "steady_state", B, S,
+                              np.mean([sum(rec.misses[i]) for i in timed]),
+                              step_overlap=sz.overlap_c))
 
 
-def swap_in_peer_rows(sz: BenchSizes, device, peer_factory: PeerFactory = SGLangHiSparsePeer
-                      ) -> List[Dict]:
-    """(a), (b), (c) as rows of the peers table."""
-    rows = []
-    for scenario in (scattered_misses, all_hits, steady_state):
-        rows.append(scenario(sz, device, peer_factory))
-        if torch.cuda.is_available():
+def swap_in_peers(run: BenchRun, sz: Sizes, factory: PeerFactory, name: str) -> None:
+    """The three cases; ``name`` prefixes the peer's kernel names (``sglang``, or
+    ``sglang_model`` for the Python model of upstream's kernel)."""
+    for case in (all_misses, all_hits, steady_state):
+        case(run, sz, factory, name)
+        if run.cuda:
             torch.cuda.empty_cache()
-    return rows
