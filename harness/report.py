@@ -59,6 +59,8 @@ def analyse(run_dir: str | Path, project: Sequence[str | Path] = (), hbm_gb: flo
     run_dir = Path(run_dir)
     if df is None:
         df = results.load(run_dir)
+    if "bench" in df:                 # micro-benchmark rows (harness.bench) are no sweep points
+        df = df[df["bench"].isna()]
     df = tb.apply_filter(df, filt).reset_index(drop=True)
     if df.empty:
         raise FileNotFoundError(f"no result rows under {run_dir}" + (f" matching {filt}" if filt else ""))

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from backends.copy_engines import UvaKernelEngine
-from harness import results
+from harness import report, results
 from harness.bench import attention as attention_bench
 from harness.bench import indexer as indexer_bench
 from harness.bench import swap_in as swap_in_bench
@@ -23,7 +23,7 @@ from harness.bench.registry import BENCHES, benches, register
 from harness.bench.table import format_table
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_report import FM, make_row  # noqa: E402
+from test_report import synthetic_grid, write_sweep  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 REPEATS = 2
@@ -161,11 +161,13 @@ def test_attention_quick(tmp_path):
         assert r["bytes_hbm_read"] == shape.batch * shape.top_k * r["kv_row_bytes"]
         assert r["tflops"] == pytest.approx(r["flops"] / r["latency_us_median"] / 1e6)
     assert set(att["kv_row_bytes"]) == {2 * sz.d_qk, sz.d_v + 4 * sz.d_v // 128 + 2 * (sz.d_qk - sz.d_v)}
-    # one loader, one frame: a sweep row beside the bench rows
-    results.write_results(tmp_path / "sweep" / "job0", [make_row(FM, 64, 512, 100.0)])
+    # one loader, one frame: a sweep beside the bench rows; the report analyses the sweep's
+    grid = synthetic_grid()
+    write_sweep(tmp_path / "sweep", grid)
     both = results.load(tmp_path)
-    assert len(both) == len(df) + 1
-    assert both["bench"].isna().sum() == 1 and (both["backend"] == FM).sum() == 1
+    assert len(both) == len(df) + len(grid)
+    assert both["bench"].isna().sum() == len(grid) == both["backend"].notna().sum()
+    assert len(report.analyse(tmp_path).df) == len(grid)
     table = format_table(df)
     assert len(table.splitlines()) == len(df) + 2 and "rel_err" in table
 

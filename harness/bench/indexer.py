@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from typing import Dict, List
+from typing import Dict
 
 import torch
 

@@ -185,15 +185,13 @@ class BenchRun:
 
 
 def _rates(row: Dict) -> Dict[str, float]:
-    """Rates from the per-call counts the row has and its median latency."""
+    """Rates from the per-call counts the row has and its median latency; the hit rate."""
     sec = row["latency_us_median"] * 1e-6
     out: Dict[str, float] = {}
-    if not sec > 0:
-        return out
     for rate, count, unit in (("hbm_gbps", "bytes_hbm_read", 1e9), ("h2d_gbps", "bytes_h2d", 1e9),
                               ("tflops", "flops", 1e12)):
         if row.get(count) is not None:
-            out[rate] = row[count] / sec / unit
+            out[rate] = row[count] / sec / unit if sec > 0 else NAN
     if row.get("hits") is not None and row.get("misses") is not None:
         total = row["hits"] + row["misses"]
         out["hit_rate"] = row["hits"] / total if total else NAN

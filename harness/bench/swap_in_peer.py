@@ -15,7 +15,7 @@ the host rows (``max_rel_err``, tolerance 0) and its misses per request (expecte
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 import numpy as np
 import torch
@@ -63,15 +63,16 @@ class Pair:
     def measure(self, ours_fn, peer_fn, kernel_fn, setups, checks, cols: Dict) -> None:
         """Ours, the peer's call and upstream's kernel alone (``setups``/``checks``: one each);
         our row's peer is the kernel alone."""
-        run = self.run
-        ours = run.measure(ours_fn, setup=setups[0], check=checks[0],
-                           kernel="swap_in_selected_pages", copy_engine="uva_kernel", **cols)
-        for what, fn, setup, check in (("call", peer_fn, setups[1], checks[1]),
-                                       ("kernel", kernel_fn, setups[2], checks[2])):
-            kernel = f"{self.name}_{what}"
-            theirs = (run.skip(self.status, self.why, kernel=kernel, **cols) if self.peer is None
-                      else run.measure(fn, setup=setup, check=check, kernel=kernel, **cols))
-        run.compare(ours, theirs)
+        ours = self.run.measure(ours_fn, setup=setups[0], check=checks[0],
+                                kernel="swap_in_selected_pages", copy_engine="uva_kernel", **cols)
+        self._peer_row("call", peer_fn, setups[1], checks[1], cols)
+        self.run.compare(ours, self._peer_row("kernel", kernel_fn, setups[2], checks[2], cols))
+
+    def _peer_row(self, what: str, fn, setup, check, cols: Dict) -> Dict:
+        kernel = f"{self.name}_{what}"
+        if self.peer is None:
+            return self.run.skip(self.status, self.why, kernel=kernel, **cols)
+        return self.run.measure(fn, setup=setup, check=check, kernel=kernel, **cols)
 
 
 def all_misses(run: BenchRun, sz: Sizes, factory: PeerFactory, name: str) -> None:
