@@ -16,6 +16,7 @@ from typing import Dict, List, Type
 BACKENDS: Dict[str, str] = {
     "flashmla_sparse": "backends.flashmla_sparse:FlashMLASparseBackend",
     "hisparse": "backends.hisparse:HiSparseBackend",
+    "hisparse_connector": "backends.hisparse_connector:HiSparseConnectorBackend",
 }
 
 

@@ -17,6 +17,17 @@ AttentionFn = Callable[..., Tuple[torch.Tensor, torch.Tensor]]
 ATTENTION_KERNELS = ("triton", "flashmla")
 
 
+def heads_computed(name: str, num_heads: int) -> int:
+    """Query heads the ``name`` kernel actually computes for ``num_heads`` (FlashMLA pads)."""
+    if name == "flashmla":
+        from backends.kernels.flashmla_peer import PeerUnsupported, padded_heads
+        try:
+            return padded_heads(num_heads)
+        except PeerUnsupported:
+            return num_heads
+    return num_heads
+
+
 def resolve_attention(name: str, device: torch.device, num_heads: int, d_qk: int, d_v: int,
                       kv_rows: torch.Tensor) -> AttentionFn:
     """The attention callable for ``name``; checks up front (before any timing) that the

@@ -50,6 +50,42 @@ class StageRunner(Protocol):
 
 #: the phases a layer step can belong to (``decode_layer`` / ``extend_layer``)
 PHASES = ("decode", "extend")
+#: paged pools hold a multiple of this many rows (FlashMLA's kernels view a pool in 64-row blocks)
+SLOT_ALIGN = 64
+
+
+def pool_pages(batch_size: int, max_positions: int, page_size: int) -> int:
+    """Pages of a paged pool holding ``batch_size`` requests of ``max_positions`` tokens: the block
+    tables' pages, rounded up to a multiple of ``SLOT_ALIGN`` rows; extra pages stay unused."""
+    used = batch_size * -(-max_positions // page_size)
+    if page_size >= SLOT_ALIGN:
+        return used
+    per = SLOT_ALIGN // page_size
+    return -(-used // per) * per
+
+
+@dataclasses.dataclass(frozen=True)
+class KVLayout:
+    """The sizes a design's memory footprint depends on (``Backend.capacity_bytes``).
+
+    Attributes: ``num_layers`` simulated layers; ``max_positions`` tokens a request reaches;
+    ``page_size`` tokens per page; ``row_bytes`` bytes of one token's KV row per layer;
+    ``top_k`` selection width."""
+
+    num_layers: int
+    max_positions: int
+    page_size: int
+    row_bytes: int
+    top_k: int
+
+    @property
+    def pages_per_request(self) -> int:
+        return -(-self.max_positions // self.page_size)
+
+    def pool_bytes(self, batch_size: int) -> int:
+        """Bytes of the paged KV pools of every simulated layer for ``batch_size`` requests."""
+        return self.num_layers * pool_pages(batch_size, self.max_positions, self.page_size) \
+            * self.page_size * self.row_bytes
 
 
 class Backend(ABC):
@@ -109,7 +145,26 @@ class Backend(ABC):
     @classmethod
     def host_bytes_needed(cls, workload, settings) -> int:
         """Host bytes the design will pin for ``workload`` (checked before it is built)."""
-        return 0
+        try:
+            return cls.capacity_bytes(workload.layout, settings, workload.batch_size)[1]
+        except NotImplementedError:
+            return 0
+
+    #: keeps the KV it serves from in device memory (else the workload needs no device KV pool)
+    device_kv: ClassVar[bool] = True
+
+    @classmethod
+    def fit_to_budget(cls, layout: KVLayout, settings, batch_size: int, device_budget: int):
+        """Settings adapted to ``device_budget`` bytes at ``batch_size`` (a design whose residency
+        follows the memory left); a design with a fixed footprint returns them unchanged."""
+        return settings
+
+    @classmethod
+    def capacity_bytes(cls, layout: KVLayout, settings, batch_size: int) -> Tuple[int, int]:
+        """``(device bytes, host bytes)`` the design allocates for its KV-related buffers (pools,
+        hot buffers, its own tables) at ``batch_size`` requests: the allocations it makes, so a
+        memory budget can be turned into a maximum batch before anything is allocated."""
+        raise NotImplementedError(f"{cls.name} declares no capacity footprint")
 
     # ---- the run --------------------------------------------------------------------------
 

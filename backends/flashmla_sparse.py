@@ -32,7 +32,7 @@ from typing import Callable, List, Optional, Tuple
 import torch
 
 from backends.attention import resolve_attention
-from backends.base import Backend, BackendInvalid
+from backends.base import Backend, BackendInvalid, KVLayout
 from backends.kernels.index_convert import convert_req_index_to_global_index
 from backends.kernels.indexer import indexer_logits_ragged
 from backends.kernels.ragged_gather import ragged_gather
@@ -46,6 +46,11 @@ class FlashMLASparseBackend(Backend):
     extend_stages = ("gather", "indexer", "topk", "attention")
     phases = ("decode", "extend")
     accepts_slots = True
+
+    @classmethod
+    def capacity_bytes(cls, layout: KVLayout, settings, batch_size: int) -> Tuple[int, int]:
+        """The whole paged KV pool on the device; nothing on the host."""
+        return layout.pool_bytes(batch_size), 0
 
     def __init__(self, workload, settings=None, *, attention_kernel: str = "triton"):
         super().__init__(workload, settings, attention_kernel=attention_kernel)

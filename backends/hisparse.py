@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from backends.attention import resolve_attention
-from backends.base import Backend, BackendInvalid, BackendUnavailable, ConfigError
+from backends.base import Backend, BackendInvalid, BackendUnavailable, ConfigError, KVLayout
 from backends.copy_engines import COPY_ENGINES
 from backends.hisparse_coordinator import LOAD_GRANULARITIES, HiSparseCoordinator, validate_selection
 
@@ -90,11 +90,17 @@ class HiSparseBackend(Backend):
     def unsupported(cls, phase: str) -> str:
         return EXTEND_UNSUPPORTED if phase == "extend" else super().unsupported(phase)
 
+    device_kv = False
+
     @classmethod
-    def host_bytes_needed(cls, workload, settings) -> int:
-        """The pinned host KV pool: every simulated layer's rows of every request."""
-        wl = workload
-        return wl.num_layers * wl.batch_size * wl.pages_per_request * wl.page_size * wl.row_bytes
+    def capacity_bytes(cls, layout: KVLayout, settings: HiSparseSettings, batch_size: int) -> Tuple[int, int]:
+        """The coordinator's allocations: hot buffers + reserved pages and bookkeeping on the
+        device, the KV pool of every simulated layer pinned on the host."""
+        return HiSparseCoordinator.footprint_of(
+            num_layers=layout.num_layers, max_requests=batch_size, max_seq_len=layout.max_positions,
+            row_bytes=layout.row_bytes, top_k=layout.top_k, device_buffer_size=settings.device_buffer_size,
+            page_size=layout.page_size, load_granularity=settings.load_granularity,
+            copy_engine=settings.copy_engine)
 
     def __init__(self, workload, settings: HiSparseSettings, *, attention_kernel: str = "triton"):
         super().__init__(workload, settings, attention_kernel=attention_kernel)

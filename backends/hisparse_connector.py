@@ -26,6 +26,8 @@ already there, or the hot region's reserved row, from the host pool).
 """
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
 
@@ -33,7 +35,7 @@ import numpy as np
 import torch
 
 from backends.attention import resolve_attention
-from backends.base import Backend, BackendInvalid, ConfigError
+from backends.base import Backend, BackendInvalid, ConfigError, KVLayout
 from backends.connector_residency import (ConnectorLayout, connector_layout, k_pad,
                                          max_resident_pages, pages_of)
 from backends.copy_engines import word_view
@@ -78,7 +80,27 @@ class HiSparseConnectorBackend(Backend):
                "resident_page_share": "float64", "hot_requests": "Int64"}
     variant_axes = ("resident_fraction", "device_buffer_size")
 
+    device_kv = False
+
     # ---- declarations ---------------------------------------------------------------------
+    @classmethod
+    def capacity_bytes(cls, layout: KVLayout, settings: HiSparseConnectorSettings,
+                       batch_size: int) -> Tuple[int, int]:
+        return cls.footprint(batch_size, layout.max_positions, top_k=layout.top_k,
+                             page_size=layout.page_size, row_bytes=layout.row_bytes,
+                             num_layers=layout.num_layers, settings=settings)
+
+    @classmethod
+    def fit_to_budget(cls, layout: KVLayout, settings: HiSparseConnectorSettings, batch_size: int,
+                      device_budget: int) -> HiSparseConnectorSettings:
+        """The budget decides residency, as vLLM's pool does: the resident fraction that keeps
+        the most pages on the GPU within ``device_budget`` (0 when not even that fits)."""
+        f = cls.resident_fraction_within(device_budget, batch_size, layout.max_positions,
+                                         top_k=layout.top_k, page_size=layout.page_size,
+                                         row_bytes=layout.row_bytes, num_layers=layout.num_layers,
+                                         settings=settings)
+        return dataclasses.replace(settings, resident_fraction=0.0 if f is None else f)
+
     @classmethod
     def check(cls, settings: HiSparseConnectorSettings, *, top_k: int, page_size: int,
               phase: str = "decode") -> None:
@@ -213,27 +235,20 @@ class HiSparseConnectorBackend(Backend):
         return dev, host
 
     def _fill_pools(self) -> None:
-        """Copies every page of the batch from the workload's logical KV into its tier."""
-        wl, P = self.wl, self.P
-        dev_dst, host_dst, src = [], [], []
-        bt = wl.block_table.cpu().numpy().astype(np.int64)
-        for b in range(wl.batch_size):
-            pos = np.arange(int(self.lay.pages[b]) * P, dtype=np.int64)
-            d, h = self._rows_of(b, pos)
-            src.append(bt[b, pos // P] * P + pos % P)
-            dev_dst.append(d)
-            host_dst.append(h)
-        src, dev_dst, host_dst = (np.concatenate(x) for x in (src, dev_dst, host_dst))
-        on_dev, on_host = dev_dst >= 0, host_dst >= 0
+        """Copies every position of the batch from the workload's logical KV (``rows_by_position``:
+        its device pool, or the seeded rows of a workload that keeps none) into its tier."""
+        wl = self.wl
         to = lambda a: torch.from_numpy(a).to(wl.device)  # noqa: E731
-        for layer in range(wl.num_layers):
-            logical = wl.kv_flat(layer)
-            logical = logical if logical.dtype == torch.uint8 else logical.view(torch.uint8)
-            if on_dev.any():
-                self.device_kv[layer].index_copy_(0, to(dev_dst[on_dev]), logical[to(src[on_dev])])
-            if on_host.any():
-                self.host_kv[layer].index_copy_(0, torch.from_numpy(host_dst[on_host]),
-                                                logical[to(src[on_host])].cpu())
+        for b in range(wl.batch_size):
+            n = min(int(self.lay.pages[b]) * self.P, wl.max_positions)
+            d, h = self._rows_of(b, np.arange(n, dtype=np.int64))
+            on_dev, on_host = np.flatnonzero(d >= 0), np.flatnonzero(h >= 0)
+            for layer in range(wl.num_layers):
+                rows = wl.rows_by_position(layer, b, n)
+                if on_dev.size:
+                    self.device_kv[layer].index_copy_(0, to(d[on_dev]), rows[to(on_dev)])
+                if on_host.size:
+                    self.host_kv[layer].index_copy_(0, torch.from_numpy(h[on_host]), rows[to(on_host)].cpu())
 
     def _load_rows(self, b: int, positions: np.ndarray, dst_rows: np.ndarray) -> None:
         """Every layer: device pool rows ``dst_rows`` <- the KV of request ``b``'s positions, read

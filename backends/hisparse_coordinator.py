@@ -173,6 +173,20 @@ class HiSparseCoordinator:
                  top_k: int, device_buffer_size: Optional[int] = None, page_size: int = 64,
                  load_granularity: str = "token", copy_engine: str = "uva_kernel",
                  host_rows: Optional[int] = None, device="cuda", seed: int = 0):
+        self._configure(num_layers=num_layers, max_requests=max_requests, max_seq_len=max_seq_len,
+                        row_bytes=row_bytes, top_k=top_k, device_buffer_size=device_buffer_size,
+                        page_size=page_size, load_granularity=load_granularity,
+                        copy_engine=copy_engine, host_rows=host_rows, device=device)
+        pin = self.device.type == "cuda"
+        for attr, (what, shape, dtype, on_host) in self.allocations().items():
+            setattr(self, attr, _alloc(what, shape, dtype, "cpu" if on_host else self.device,
+                                       pin and on_host))
+        self._init_state(copy_engine, seed)
+
+    def _configure(self, *, num_layers: int, max_requests: int, max_seq_len: int, row_bytes: int,
+                   top_k: int, device_buffer_size: Optional[int], page_size: int,
+                   load_granularity: str, copy_engine: str, host_rows: Optional[int], device) -> None:
+        """Checks the arguments and derives every size (no allocation)."""
         for name, v in (("num_layers", num_layers), ("max_requests", max_requests),
                         ("max_seq_len", max_seq_len), ("row_bytes", row_bytes),
                         ("top_k", top_k), ("page_size", page_size)):
@@ -216,21 +230,18 @@ class HiSparseCoordinator:
         self.block_c = max(16, min(next_pow2(self.hot_units), 1024))
         self.search_steps = self.k_pad.bit_length() + 1
 
-        pin = self.device.type == "cuda"
+    @classmethod
+    def footprint_of(cls, **kwargs) -> Tuple[int, int]:
+        """``(device bytes, host bytes)`` a coordinator with these arguments allocates (the
+        constructor's keyword arguments, ``seed`` aside), computed without allocating."""
+        obj = cls.__new__(cls)
+        obj._configure(**{"device_buffer_size": None, "page_size": 64, "load_granularity": "token",
+                          "copy_engine": "uva_kernel", "host_rows": None, "device": "cpu", **kwargs})
+        return obj.footprint()
+
+    def _init_state(self, copy_engine: str, seed: int) -> None:
+        """Initial contents of the buffers, the copy engine and the host-side state."""
         L, R, C = self.num_layers, self.max_requests, self.hot_units
-        self.host_kv = _alloc("host KV pool", (L, self.host_rows, self.row_bytes), torch.uint8,
-                              "cpu", pin)
-        self.device_kv = _alloc("device hot buffers", (L, self.num_slots, self.row_bytes),
-                                torch.uint8, self.device)
-        self.slot_unit = _alloc("slot map", (L, R, C), torch.int32, self.device)
-        self.lru = _alloc("LRU order", (L, R, C), torch.int32, self.device)
-        self.host_page_table = _alloc("host page table", (R, self.max_pages), torch.int32,
-                                      self.device)
-        self.out = _alloc("slot tables", (L, R, self.top_k), torch.int32, self.device)
-        self.plan = _alloc("miss plan", (R, 1 + 2 * self.max_misses), torch.int32, self.device)
-        self.counts = _alloc("counts", (L, R, NUM_COUNT_FIELDS), torch.int64, self.device)
-        self.scratch = _alloc("resolve scratch", (R, 3 * self.k_pad + C), torch.int32,
-                              self.device)
         self.device_kv.zero_()            # deterministic bytes in never-written rows
         self.slot_unit.fill_(-1)
         self.lru.copy_(torch.arange(C, dtype=torch.int32, device=self.device).expand(L, R, C))
@@ -258,6 +269,30 @@ class HiSparseCoordinator:
         self._last_batch = 0
         self._plan_layer: Optional[int] = None
         self._plan_batch = 0
+
+    def allocations(self) -> Dict[str, Tuple[str, Tuple[int, ...], torch.dtype, bool]]:
+        """Every buffer the coordinator allocates: attribute -> (what, shape, dtype, on host).
+        The one source of the allocation sizes (``footprint`` sums them)."""
+        L, R, C = self.num_layers, self.max_requests, self.hot_units
+        return {
+            "host_kv": ("host KV pool", (L, self.host_rows, self.row_bytes), torch.uint8, True),
+            "device_kv": ("device hot buffers", (L, self.num_slots, self.row_bytes), torch.uint8, False),
+            "slot_unit": ("slot map", (L, R, C), torch.int32, False),
+            "lru": ("LRU order", (L, R, C), torch.int32, False),
+            "host_page_table": ("host page table", (R, self.max_pages), torch.int32, False),
+            "out": ("slot tables", (L, R, self.top_k), torch.int32, False),
+            "plan": ("miss plan", (R, 1 + 2 * self.max_misses), torch.int32, False),
+            "counts": ("counts", (L, R, NUM_COUNT_FIELDS), torch.int64, False),
+            "scratch": ("resolve scratch", (R, 3 * self.k_pad + C), torch.int32, False),
+        }
+
+    def footprint(self) -> Tuple[int, int]:
+        """``(device bytes, host bytes)`` of ``allocations`` (the copy engine's staging aside)."""
+        dev = host = 0
+        for _, shape, dtype, on_host in self.allocations().values():
+            n = int(np.prod(shape)) * torch.empty(0, dtype=dtype).element_size()
+            host, dev = (host + n, dev) if on_host else (host, dev + n)
+        return dev, host
 
     def set_copy_engine(self, copy_engine: str, rows_per_program: Optional[int] = None) -> None:
         """Switches the copy engine (set-up, between calls); see ``backends/copy_engines.py``."""

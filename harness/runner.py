@@ -92,28 +92,32 @@ class LayerGraphs:
         return out, lse, t
 
 
-def run_backend(scn: Scenario, cfg, name: str) -> Tuple[Dict, List[Dict], Optional[np.ndarray]]:
-    """Runs every step and layer of the point through one backend.
+def run_backend(scn: Scenario, cfg, name: str, run: Dict) -> Tuple[Dict, List[Dict], Optional[np.ndarray]]:
+    """Runs every step and layer of one run of the point (``Scenario.runs``) through a backend.
 
     Returns ``(row, step_rows, record)``: the backend's row (without the point's columns), one
     row per (step, layer, request), and the positions served int32 ``[steps, layers, rows,
     top_k]`` (None when the backend did not run)."""
     cls, settings = backend_settings(cfg, name)
-    failed = lambda status, err: ({"backend": name, **cls.settings_columns(settings),  # noqa: E731
+    cols = {k: v for k, v in run.items() if k not in ("status", "error")}
+    failed = lambda status, err: ({"backend": name, **cls.settings_columns(settings), **cols,  # noqa: E731
                                    "status": status, "error": err}, [], None)
+    if "status" in run:
+        return failed(run["status"], run["error"])
     if scn.phase not in cls.phases:
         return failed("invalid", cls.unsupported(scn.phase))
     if cfg.timing.cuda_graph and scn.graphs_supported():
         return failed("invalid", scn.graphs_supported())
+    timer = StageTimer(scn.device, cold_l2=cfg.timing.cold_l2, launch_shield_us=cfg.timing.launch_shield_us)
     try:
-        be = scn.open_backend(cls, settings)
+        be = scn.open_backend(cls, settings, run)
     except BackendInvalid as e:
         return failed("invalid", str(e))
     except BackendUnavailable as e:
         return failed("unavailable", str(e))
     except (torch.OutOfMemoryError, MemoryError) as e:
         return failed("oom", f"set-up does not fit: {str(e).splitlines()[0]}")
-    row: Dict = {"backend": name, **be.row_extras()}
+    row: Dict = {"backend": name, **be.row_extras(), **cols}
     if cfg.timing.cuda_graph and be.graph_capture_blocker():
         reason = be.graph_capture_blocker()
         scn.close_backend(be)
@@ -125,7 +129,6 @@ def run_backend(scn: Scenario, cfg, name: str) -> Tuple[Dict, List[Dict], Option
     samples: List[Dict[str, float]] = []
     max_err, max_lse = 0.0, 0.0
     sums = empty_sums()
-    timer = StageTimer(scn.device, cold_l2=cfg.timing.cold_l2, launch_shield_us=cfg.timing.launch_shield_us)
     clocks = ClockMonitor(scn.device)
     try:
         be.prefill()
@@ -158,6 +161,9 @@ def run_backend(scn: Scenario, cfg, name: str) -> Tuple[Dict, List[Dict], Option
                     sums["tokens_selected"] += int(tok.sum())
                     sums["pages_touched"] += int(pages.sum())
                     add_counts(sums, counts)
+        deferred = scn.final_check(be)
+        if deferred is not None:
+            max_err, max_lse = deferred
     except BackendInvalid as e:
         return {**row, "status": "invalid", "error": str(e)}, step_rows, None
     except (torch.OutOfMemoryError, MemoryError) as e:
@@ -173,7 +179,8 @@ def run_backend(scn: Scenario, cfg, name: str) -> Tuple[Dict, List[Dict], Option
     row.update(summarize(samples, sums, model=scn.model, rows=rows, top_k=top_k,
                          row_bytes=scn.attention_row_bytes, record=record,
                          warmup_steps=cfg.timing.warmup_steps, stages=STAGES))
-    row.update(correctness(max_err, max_lse, cfg.timing.check_tolerance, scn.selection_error()))
+    row.update(correctness(max_err, max_lse, cfg.timing.check_tolerance, scn.check_error()))
+    row.update(scn.derived_columns(row))
     return row, step_rows, record
 
 
@@ -204,11 +211,11 @@ def run_point(cfg, device: torch.device, job_dir: Path, repro: str, cfg_hash: st
         return rows
     rows, step_rows = [], []
     recorded = False
-    for name in names:
+    for name, run in scn.runs(names):
         try:
             reason = host_oom(cfg, scn, name)
             row, srows, record = ((_failed(cfg, name, "oom", reason), [], None) if reason
-                                  else run_backend(scn, cfg, name))
+                                  else run_backend(scn, cfg, name, run))
         except Exception as e:  # recorded, and the sweep goes on
             log.error("backend %s failed:\n%s", name, traceback.format_exc())
             row, srows, record = _failed(cfg, name, "error", f"{type(e).__name__}: {e}"), [], None

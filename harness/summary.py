@@ -9,7 +9,7 @@ from harness.config import ModelConfig
 from harness.timing import TimingStats
 
 #: per-request counts a backend reports for each layer step (``Backend.layer_counts``)
-COUNT_KEYS = ("hits", "misses", "tokens_loaded", "pages_loaded", "bytes_h2d")
+COUNT_KEYS = ("hits", "misses", "resident_hits", "tokens_loaded", "pages_loaded", "bytes_h2d")
 #: counts of the served selection itself
 SELECTION_KEYS = ("tokens_selected", "pages_touched")
 LSE_TOLERANCE = 0.05

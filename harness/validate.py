@@ -66,7 +66,7 @@ def check_value(field: str, value) -> None:
         return
     if field in CHOICES and value not in CHOICES[field]:
         name = "selection" if field == "selection.source" else field
-        raise ConfigError(name, value, f"allowed: {', '.join(CHOICES[field])}")
+        raise ConfigError(name, value, f"allowed: {', '.join(map(str, CHOICES[field]))}")
 
 
 CHECKED_FIELDS = ("page_size", *POSITIVE_INTS, *FRACTIONS, *NON_NEGATIVE, *CHOICES)

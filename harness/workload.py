@@ -13,19 +13,19 @@ token included), so the prompt at the first step is ``context_len`` tokens.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import numpy as np
 import torch
 
+from backends.base import KVLayout, pool_pages
 from backends.kernels import kv_format
 from harness.config import ModelConfig
 from harness.reference import convert_req_index_to_global_index_ref, sparse_mla_decode_on_slots_ref
 
 
-#: pools hold a multiple of this many rows
-SLOT_ALIGN = 64
 
 
 def synthetic_seq_lens(context_len: int, steps: int, batch_size: int) -> np.ndarray:
@@ -41,15 +41,15 @@ def seeded_generator(device: torch.device, *seed: int) -> torch.Generator:
     return g
 
 
-def pool_pages(batch_size: int, max_positions: int, page_size: int) -> int:
-    """Pages of a pool holding ``batch_size`` requests of ``max_positions`` tokens: the block
-    tables' pages, rounded up so the pool has a multiple of ``SLOT_ALIGN`` rows (FlashMLA's
-    kernels view any pool in 64-row blocks); extra pages stay unused."""
-    used = batch_size * -(-max_positions // page_size)
-    if page_size >= SLOT_ALIGN:
-        return used
-    per = SLOT_ALIGN // page_size
-    return -(-used // per) * per
+#: where a workload's KV comes from (``Workload.build``'s ``kv``)
+KV_SOURCES = ("pool", "per_request", "none")
+
+
+def _kv_rows(model: ModelConfig, kv_dtype: str, gen: torch.Generator, n: int,
+             device: torch.device) -> torch.Tensor:
+    """``n`` seeded random KV rows in the pool format: bf16 ``[n, d_qk]`` or fp8_ds_mla bytes."""
+    kv = torch.randn(n, model.d_qk, generator=gen, device=device).to(torch.bfloat16)
+    return kv_format.quantize_fp8_ds_mla(kv, d_nope=model.d_nope) if kv_dtype == "fp8_ds_mla" else kv
 
 
 def kv_pool_bytes(num_layers: int, batch_size: int, max_positions: int, page_size: int,
@@ -79,26 +79,37 @@ class Workload:
     @classmethod
     def build(cls, *, model: ModelConfig, device: torch.device, kv_dtype: str, page_size: int,
               seq_lens: np.ndarray, topk: Optional[np.ndarray], top_k: int, num_layers: int,
-              seed: int) -> "Workload":
-        """Allocates the block table (a seeded permutation of the pool's pages) and fills each
-        layer's pool with seeded random KV in ``kv_dtype``."""
+              seed: int, kv: str = "pool") -> "Workload":
+        """Allocates the block table (a seeded permutation of the pool's pages) and the KV.
+
+        ``kv``: ``"pool"`` fills each layer's device pool with seeded random KV in one draw;
+        ``"per_request"`` fills it request by request from ``request_kv`` (every request's KV
+        independent of the batch it runs in); ``"none"`` allocates no device KV at all (a design
+        that keeps the KV elsewhere reads ``request_kv`` at set-up)."""
+        if kv not in KV_SOURCES:
+            raise ValueError(f"kv must be one of {KV_SOURCES}, got {kv!r}")
         batch, max_pos = int(seq_lens.shape[1]), int(seq_lens.max())
         n_pages = pool_pages(batch, max_pos, page_size)
         per_req = -(-max_pos // page_size)
         perm = torch.randperm(n_pages, generator=seeded_generator(device, seed, 1),
                               device=device).to(torch.int32)
         block_table = perm[: batch * per_req].view(batch, per_req).contiguous()
+        wl = cls(model=model, device=device, kv_dtype=kv_dtype, page_size=page_size,
+                 seq_lens=seq_lens, topk=topk, top_k=top_k, num_layers=num_layers, seed=seed,
+                 block_table=block_table, kv_pools=())
+        if kv == "none":
+            return wl
         pools = []
         for layer in range(num_layers):
-            kv = torch.randn(n_pages * page_size, model.d_qk, generator=seeded_generator(device, seed, 2, layer),
-                             device=device).to(torch.bfloat16)
-            if kv_dtype == "fp8_ds_mla":
-                kv = kv_format.quantize_fp8_ds_mla(kv, d_nope=model.d_nope)
-            pools.append(kv.view(n_pages, page_size, -1))
-            del kv
-        return cls(model=model, device=device, kv_dtype=kv_dtype, page_size=page_size,
-                   seq_lens=seq_lens, topk=topk, top_k=top_k, num_layers=num_layers, seed=seed,
-                   block_table=block_table, kv_pools=tuple(pools))
+            if kv == "pool":
+                rows = _kv_rows(model, kv_dtype, seeded_generator(device, seed, 2, layer),
+                                n_pages * page_size, device)
+            else:
+                rows = torch.empty(n_pages * page_size, wl.row_width, dtype=wl.row_dtype, device=device)
+                for r in range(batch):
+                    rows[wl.slots_of(r, max_pos)] = wl.request_kv(layer, r)
+            pools.append(rows.view(n_pages, page_size, -1))
+        return dataclasses.replace(wl, kv_pools=tuple(pools))
 
     @property
     def batch_size(self) -> int:
@@ -131,10 +142,36 @@ class Workload:
         return kv_format.row_bytes(self.kv_dtype, self.model.d_nope, self.model.d_rope)
 
     @property
+    def layout(self) -> KVLayout:
+        """The sizes the designs' footprints depend on."""
+        return KVLayout(self.num_layers, self.max_positions, self.page_size, self.row_bytes, self.top_k)
+
+    @property
     def kv_pool_bytes(self) -> int:
         """Bytes of the paged KV pools of all simulated layers."""
         return kv_pool_bytes(self.num_layers, self.batch_size, self.max_positions, self.page_size,
                              self.row_bytes)
+
+    @property
+    def row_dtype(self) -> torch.dtype:
+        """dtype of a pool row: bfloat16 elements, or the bytes of an fp8_ds_mla row."""
+        return torch.bfloat16 if self.kv_dtype == "bf16" else torch.uint8
+
+    @property
+    def row_width(self) -> int:
+        """Elements of one pool row (``d_qk`` bf16 values or ``row_bytes`` bytes)."""
+        return self.model.d_qk if self.kv_dtype == "bf16" else self.row_bytes
+
+    def request_kv(self, layer: int, request: int) -> torch.Tensor:
+        """The seeded KV rows of ``request`` at every position ``[max_positions, row]`` (pool
+        dtype), one stream per (layer, request): what ``kv="per_request"`` / ``"none"`` serve."""
+        return _kv_rows(self.model, self.kv_dtype, self.generator(7, layer, request),
+                        self.max_positions, self.device)
+
+    def slots_of(self, request: int, n: int) -> torch.Tensor:
+        """Global slots int64 ``[n]`` of positions ``0 .. n-1`` of ``request``."""
+        pos = torch.arange(n, device=self.device, dtype=torch.int64)
+        return self.block_table[request].long()[pos // self.page_size] * self.page_size + pos % self.page_size
 
     def generator(self, *purpose: int) -> torch.Generator:
         """A seeded torch generator on the workload's device, one stream per ``purpose``."""
@@ -160,10 +197,10 @@ class Workload:
                                                       positions, self.page_size)
 
     def rows_by_position(self, layer: int, request: int, n: int) -> torch.Tensor:
-        """The first ``n`` KV rows of ``request`` in position order, as bytes uint8 [n, row_bytes]."""
-        pos = torch.arange(n, device=self.device, dtype=torch.int64)
-        slots = self.block_table[request].long()[pos // self.page_size] * self.page_size + pos % self.page_size
-        rows = self.kv_flat(layer)[slots]
+        """The first ``n`` KV rows of ``request`` in position order, as bytes uint8 [n, row_bytes]
+        (from the device pool, or ``request_kv`` when the workload has none)."""
+        rows = (self.kv_flat(layer)[self.slots_of(request, n)] if self.kv_pools
+                else self.request_kv(layer, request)[:n])
         return rows.contiguous().view(torch.uint8).view(n, self.row_bytes)
 
     def reference(self, layer: int, q: torch.Tensor, positions: torch.Tensor):

@@ -47,11 +47,19 @@ def _pad_topk(indices: torch.Tensor, tile: int) -> torch.Tensor:
     return torch.cat([indices, pad], dim=-1).contiguous()
 
 
+def padded_heads(num_heads: int) -> int:
+    """Heads FlashMLA's kernels compute for ``num_heads`` query heads: the smallest of ``HEADS``
+    that holds them (vLLM pads e.g. the 16 heads per GPU of TP8 to 64 on Hopper)."""
+    for h in HEADS:
+        if num_heads <= h:
+            return h
+    raise PeerUnsupported(f"FlashMLA sparse kernels take at most {HEADS[-1]} heads, got {num_heads}")
+
+
 def check_supported(q: torch.Tensor, kv_cache: torch.Tensor, d_v: int) -> str:
     """Returns the kv format or raises PeerUnsupported naming what is outside the kernel's range."""
     b, h, d_qk = q.shape
-    if h not in HEADS:
-        raise PeerUnsupported(f"FlashMLA sparse kernels need num_heads in {HEADS}, got {h}")
+    padded_heads(h)
     if d_qk != D_QK or d_v != D_V:
         raise PeerUnsupported(f"FlashMLA sparse kernels need d_qk={D_QK}, d_v={D_V}; got {d_qk}, {d_v}")
     fmt = kv_dtype_of(kv_cache)
@@ -107,6 +115,12 @@ class FlashMLAAttention:
     def __call__(self, q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor,
                  sm_scale: float, d_v: int = 512) -> Tuple[torch.Tensor, torch.Tensor]:
         fmt = check_supported(q, kv_cache, d_v)
+        h = q.shape[1]
+        if padded_heads(h) != h:  # zero heads up to the kernel's count, as vLLM pads them
+            qp = q.new_zeros(q.shape[0], padded_heads(h), q.shape[2])
+            qp[:, :h] = q
+            out, lse = self(qp, kv_cache, indices, sm_scale, d_v)
+            return out[:, :h], lse[:, :h]
         if fmt == "fp8_ds_mla":
             args = map_fp8_decode(q, kv_cache, indices, sm_scale)
             key = (tuple(args["q"].shape), tuple(args["indices"].shape), kv_cache.data_ptr())

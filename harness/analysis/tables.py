@@ -19,6 +19,9 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 import numpy as np
 import pandas as pd
 
+from backends import backend_classes
+from backends.indexer_select import VARIANT_AXES as SELECT_VARIANT_AXES
+
 from .rows import family, is_missing, measured_layer_steps, num, number
 
 BASE = "flashmla_sparse"   #: the vLLM-style path (full KV resident in HBM)
@@ -33,8 +36,9 @@ CELL_AXES = ("page_size", "top_k", "pattern", "context_len", "batch_size", "step
 #: flashmla_sparse's work; attention_kernel may be swept for one backend only): a cell axis only
 #: when it varies within every family, otherwise a variant of the families where it varies
 SOFT_AXES = ("step_overlap", "attention_kernel")
-#: backend-specific settings
-VARIANT_AXES = ("backend", "device_buffer_size", "load_granularity", "copy_engine", "coordinator", "fuse_topk")
+#: backend-specific settings (declared on the backend classes) and the indexer's fuse_topk
+VARIANT_AXES = ("backend", *dict.fromkeys(a for c in backend_classes() for a in c.variant_axes),
+                *SELECT_VARIANT_AXES)
 #: variant axes whose default follows top_k (hisparse's buffer defaults to 2 x top_k)
 TIED_TO_TOP_K = ("device_buffer_size",)
 STAGE_COLS = ("stage_select_us", "stage_transform_us", "stage_swap_in_us", "stage_attention_us")

@@ -10,6 +10,7 @@ from typing import Dict, List, Type
 SCENARIOS: Dict[str, str] = {
     "decode": "harness.scenarios.decode:DecodeScenario",
     "extend": "harness.scenarios.extend:ExtendScenario",
+    "capacity": "harness.scenarios.capacity:CapacityScenario",
 }
 
 

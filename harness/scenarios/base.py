@@ -5,9 +5,10 @@ per-step inputs, how one layer step is driven through a backend, and the referen
 step is checked against. It has no loop of its own: ``harness.runner.run_point`` calls, per
 backend,
 
-    open_backend -> prefill -> for each step: begin_step -> for each layer:
-        layer_inputs (untimed) -> run_layer (timed, stage by stage) -> check_layer (untimed)
-    -> backend_columns -> close_backend
+    for each run (runs: one per backend, or several at different batches):
+        open_backend -> prefill -> for each step: begin_step -> for each layer:
+            layer_inputs (untimed) -> run_layer (timed, stage by stage) -> check_layer (untimed)
+        -> final_check -> backend_columns -> close_backend -> derived_columns
 
 and summarises every backend's samples the same way.
 """
@@ -93,9 +94,15 @@ class Scenario(ABC):
 
     # ---- one backend ----------------------------------------------------------------------
 
+    def runs(self, names) -> List[Tuple[str, Dict[str, object]]]:
+        """``(backend name, run)`` of every run of the point: one per backend by default. A run
+        holding ``status`` and ``error`` is recorded as such without building anything; its
+        other keys are row columns."""
+        return [(n, {}) for n in names]
+
     @abstractmethod
-    def open_backend(self, cls, settings):
-        """Builds the backend (raises BackendInvalid / BackendUnavailable / MemoryError)."""
+    def open_backend(self, cls, settings, run: Dict[str, object]):
+        """Builds the backend for ``run`` (raises BackendInvalid / BackendUnavailable / MemoryError)."""
 
     def close_backend(self, be) -> None:
         be.close()
@@ -138,9 +145,19 @@ class Scenario(ABC):
     def check_layer(self, be, x: LayerInputs, out: torch.Tensor, lse: torch.Tensor) -> LayerResult:
         """Checks the layer step against the reference (untimed)."""
 
-    def selection_error(self) -> Optional[str]:
-        """Why the selections of the backend's run were wrong (indexer / top-k checks), or None."""
+    def final_check(self, be) -> Optional[Tuple[float, float]]:
+        """Checks deferred to after the timed steps: ``(max_rel_err, max_lse_err)``, or None when
+        ``check_layer`` checked every layer step itself."""
         return None
+
+    def check_error(self) -> Optional[str]:
+        """Why the run's checks failed besides the output's error (wrong selections, memory
+        beyond the budget...), or None."""
+        return None
+
+    def derived_columns(self, row: Dict[str, object]) -> Dict[str, object]:
+        """Columns computed from the summarised row (e.g. time per output token)."""
+        return {}
 
     def backend_columns(self, be) -> Dict[str, object]:
         """Row values known after the backend ran (memory, per-step plan times...)."""

@@ -63,8 +63,9 @@ def check_trace(topk: np.ndarray, seq_lens: np.ndarray, cfg, path: Optional[str]
 
 def synthetic_selection(cfg, seq_lens: np.ndarray, num_layers: int, seed: int) -> np.ndarray:
     """int32 ``[steps, num_layers, batch, top_k]`` positions of the configured pattern."""
-    params = PatternParams(cfg.pattern, cfg.selection.cluster_len, cfg.selection.num_sinks,
-                           cfg.selection.window)
+    sel = cfg.selection
+    params = PatternParams(cfg.pattern, sel.cluster_len, sel.num_sinks, sel.window, sel.reuse_overlap,
+                           sel.reuse_alpha, sel.layer_share)
     return synthesize(params, seq_lens, num_layers, cfg.top_k, cfg.step_overlap, seed)
 
 
@@ -76,10 +77,13 @@ def index_key_bytes(num_layers: int, batch_size: int, max_positions: int, index_
 
 def selection_columns(cfg) -> Dict[str, object]:
     """The selection's columns of a decode row."""
-    src = cfg.selection.source
+    src, sel = cfg.selection.source, cfg.selection
+    calibrated = src == "synthetic" and cfg.pattern == "calibrated"
     row = {"pattern": cfg.pattern if src == "synthetic" else src, "selection": src,
-           "step_overlap": cfg.step_overlap,
-           "cluster_len": cfg.selection.cluster_len if cfg.pattern in ("clustered", "mixed") else None}
+           "step_overlap": None if calibrated else cfg.step_overlap,
+           "cluster_len": sel.cluster_len if cfg.pattern in ("clustered", "mixed") else None}
+    if calibrated:
+        row.update(reuse_overlap=sel.reuse_overlap, reuse_alpha=sel.reuse_alpha, layer_share=sel.layer_share)
     if src == "indexer":
         row["fuse_topk"] = cfg.selection.fuse_topk
         row["query_corr"] = cfg.selection.query_corr
@@ -119,7 +123,7 @@ class DecodeSteps(Scenario):
     def selections(self) -> np.ndarray:
         return self.wl.seq_lens
 
-    def open_backend(self, cls, settings):
+    def open_backend(self, cls, settings, run):
         be = cls(self.wl, settings, attention_kernel=self.cfg.attention_kernel)
         self.selector = (IndexerSelector(self.wl, self.cfg.selection.fuse_topk, self.cfg.selection.query_corr)
                          if self.wl.topk is None else None)
@@ -158,18 +162,24 @@ class DecodeSteps(Scenario):
             t["select"] = t.get("indexer", 0.0) + t.get("topk", 0.0)
         return t
 
-    def check_layer(self, be, x: LayerInputs, out, lse) -> LayerResult:
+    def served_positions(self, x: LayerInputs) -> torch.Tensor:
+        """int32 ``[B, top_k]`` the positions the layer step served; an indexer selection is
+        checked against the reference scores on the way (``check_error``)."""
         pos = x.tensors["positions"]
         if self.selector is not None:
             pos = x.extra["positions"]
             if pos is None:
                 pos = positions_of_slots(self.wl, x.extra["slots"])
             self.bad_selections += self.check_indexer(x.layer, pos, self.seq_np)
+        return pos
+
+    def check_layer(self, be, x: LayerInputs, out, lse) -> LayerResult:
+        pos = self.served_positions(x)
         ref_out, ref_lse = self.wl.reference(x.layer, x.tensors["q"], pos)
         return LayerResult(pos.cpu().numpy(), self.seq_np.astype(np.int64), relative_error(out, ref_out),
                            lse_error(lse, ref_lse))
 
-    def selection_error(self) -> Optional[str]:
+    def check_error(self) -> Optional[str]:
         n = self.bad_selections
         return f"indexer top-k differs from the reference scores in {n} row(s)" if n else None
 

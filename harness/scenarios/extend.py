@@ -448,7 +448,7 @@ class ExtendScenario(Scenario):
         m = self.model
         return kv_format.row_bytes("bf16", m.d_nope, m.d_rope)
 
-    def open_backend(self, cls, settings):
+    def open_backend(self, cls, settings, run):
         self.topk_bad: Optional[str] = None
         return cls(self.ew, settings, attention_kernel=self.cfg.attention_kernel)
 
@@ -481,7 +481,7 @@ class ExtendScenario(Scenario):
         return LayerResult(pos.cpu().numpy().astype(np.int32), self.row_lens, relative_error(out, ref_out),
                            lse_error(lse, ref_lse))
 
-    def selection_error(self) -> Optional[str]:
+    def check_error(self) -> Optional[str]:
         return f"top-k check: {self.topk_bad}" if self.topk_bad else None
 
     def backend_columns(self, be) -> Dict[str, object]:
