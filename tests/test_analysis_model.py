@@ -105,6 +105,25 @@ def test_stage_times_by_hand():
     assert work["attention"].hbm_bytes == 131200 + 557056
 
 
+def test_connector_resolve_stage_by_hand():
+    row = hisparse_row(backend="hisparse_connector", hot_requests=1, stage_resolve_us=23.12,
+                       stage_attention_us=121.4112, latency_us_median=144.5312,
+                       ceiling_hbm_gbps=1000.0, ceiling_h2d_gbps=10.0, ceiling_bf16_tflops=1.0)
+    work = mdl.stage_work(row)
+    assert set(work) == {"select", "resolve", "attention"}
+    # lookups 2 requests x 100 x 12 B + the one hot request's 200 slots x 12 B + the copied rows
+    # written to HBM: 2400 + 2400 + 65600 B; the 65600 B over the 10 GB/s link dominate (6.56 µs)
+    assert work["resolve"].hbm_bytes == 2400 + 2400 + 65600
+    assert mdl.stage_time_us(work["resolve"], CEIL) == pytest.approx(5 + 6.56)
+    p = mdl.predict(pd.DataFrame([row])).iloc[0]      # select not measured: resolve + attention
+    assert p["pred_total_us"] == pytest.approx(11.56 + 60.7056)
+    assert p["ratio_resolve"] == pytest.approx(2.0) and p["ratio_attention"] == pytest.approx(2.0)
+    assert pd.isna(p["pred_swap_in_us"]) and pd.isna(p["pred_transform_us"])
+    # fully resident: no copy, no hot region: the lookups alone (2400 B at 1000 GB/s)
+    res = mdl.stage_work(hisparse_row(backend="hisparse_connector", hot_requests=0, bytes_h2d=0))
+    assert mdl.stage_time_us(res["resolve"], CEIL) == pytest.approx(5 + 0.0024)
+
+
 def test_memory_bound_attention_and_flashmla_stages():
     # big rows, few FLOPs: attention becomes bandwidth-bound
     row = dict(backend="flashmla_sparse", model="dsv32", batch_size=1, context_len=100, top_k=10, kv_row_bytes=10**6,
@@ -124,8 +143,9 @@ def test_predict_ratio_and_measured_stage_subset():
     p = mdl.predict(pd.DataFrame([row])).iloc[0]
     assert p["pred_total_us"] == pytest.approx(42.768 + 5.0064 + 11.56 + 60.7056)
     assert p["ratio_total"] == pytest.approx(2.0)
-    for s in mdl.STAGES:
+    for s in mdl.BACKEND_STAGES["hisparse"]:
         assert p[f"ratio_{s}"] == pytest.approx(2.0)
+    assert pd.isna(p["pred_resolve_us"])          # the connector's stage, not hisparse's
     # a row that measured only attention is compared on attention only
     row2 = hisparse_row(latency_us_median=70.0, stage_attention_us=60.7056,
                         ceiling_hbm_gbps=1000.0, ceiling_h2d_gbps=10.0, ceiling_bf16_tflops=1.0)

@@ -12,6 +12,11 @@ the ``layers`` of the model's ``harness.config.ModelConfig``, I its ``model.inde
   and the index keys of the whole context: (min(D, page-aligned context) + P) * L * R +
   context * L * I. (SGLang keeps min(page_align(len), D) slots for a short request.)
   The full KV, context * L * R, lives in pinned host memory.
+* hisparse_connector: not modelled here (its residency is decided by the budget itself); the
+  measured capacity section (``capacity_measured``, ``scenario=capacity`` rows) covers it.
+
+This view is a *projection* from decode rows measured at one batch; ``capacity_measured`` holds
+the measured counterpart (each design run at its own maximum batch) and draws this one beside it.
 
 Throughput: tokens/s = batch / (L * t(batch)), t the per-layer step time (µs) of the whole
 batch. t is measured at the run's batch sizes; at other batches it is *extrapolated*: with two
@@ -88,7 +93,8 @@ def capacity_table(pb: pd.DataFrame, roles: AxisRoles, hbm_gb: float = DEFAULT_H
                    model: Optional[ModelConfig] = None) -> pd.DataFrame:
     """One row per (cell without batch_size, backend variant) over the ok rows of
     ``per_backend_table``: GPU and host GB per request, the batch that fits in
-    ``hbm_gb - reserve_gb``, the step time there and the decode throughput. ``model`` (layers,
+    ``hbm_gb - reserve_gb``, the step time there and the decode throughput (families whose
+    footprint ``kv_bytes_per_request`` does not model are left out). ``model`` (layers,
     index key bytes) defaults to the preset each row's ``model`` column names."""
     budget = (hbm_gb - reserve_gb) * 1e9
     ok = pb[(pb["status"] == "ok") & np.isfinite(num(pb[latency_col]))] if not pb.empty else pb
@@ -107,6 +113,8 @@ def capacity_table(pb: pd.DataFrame, roles: AxisRoles, hbm_gb: float = DEFAULT_H
         m = model or model_preset(r0.get("model"))
         gpu, host = kv_bytes_per_request(m, fam, ctx, row_b, _py(r0.get("device_buffer_size")),
                                          _py(r0.get("page_size")))
+        if not np.isfinite(gpu):   # a design this view does not model
+            continue
         nb = max_batch(budget, gpu)
         batches = [float(r.get("batch_size") or 1) for r in recs]
         times = [float(r[latency_col]) for r in recs]

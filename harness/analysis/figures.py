@@ -20,12 +20,13 @@ from matplotlib.ticker import NullLocator
 
 from .model import expected_amplification_uniform
 from .rows import num
-from .tables import COORD, FAMILIES, AxisRoles, _py, _sort_key
+from .tables import BASE, COORD, OFFLOADING, AxisRoles, _py, _sort_key
 
 MAX_FIGURES = 12   #: per kind; further combinations are listed in the note
 STAGES = (("stage_select_us", "select (indexer + top-k)"), ("stage_transform_us", "transform"),
-          ("stage_swap_in_us", "swap-in (H2D)"), ("stage_attention_us", "attention"))
-STAGE_COLORS = ("#4c72b0", "#dd8452", "#c44e52", "#55a868")
+          ("stage_swap_in_us", "swap-in (H2D)"), ("stage_resolve_us", "resolve (resident/hot/H2D)"),
+          ("stage_attention_us", "attention"))
+STAGE_COLORS = ("#4c72b0", "#dd8452", "#c44e52", "#8172b3", "#55a868")
 HATCHES = ("", "///", "...", "xxx", "\\\\", "+++", "ooo", "---")
 
 
@@ -114,22 +115,23 @@ def _ok(pb: pd.DataFrame) -> pd.DataFrame:
 
 # --------------------------------------------------------------------------- heatmap
 
-def ratio_heatmaps(trade: Optional[pd.DataFrame], roles: AxisRoles) -> FigureSet:
-    """Heatmap of hisparse / flashmla_sparse median latency over page_size x top_k, one panel
-    per pattern; one figure per combination of the other varying axes. Failed or missing cells
-    are grey with their status."""
-    fs = FigureSet("ratio_heatmap", "Latency ratio hisparse / flashmla_sparse over page size x top-k")
+def ratio_heatmaps(trade: Optional[pd.DataFrame], roles: AxisRoles, other: str = COORD) -> FigureSet:
+    """Heatmap of ``other`` / flashmla_sparse median latency over page_size x top_k, one panel
+    per pattern; one figure per combination of the other varying axes. ``trade``: the pair's
+    ``tables.tradeoff_table``. Failed or missing cells are grey with their status."""
+    stem = "ratio_heatmap" if other == COORD else f"ratio_heatmap_{other}"
+    fs = FigureSet(stem, f"Latency ratio {other} / {BASE} over page size x top-k")
     if trade is None or trade.empty:
         fs.note = "needs both backends in the run"
         return fs
     if not np.isfinite(num(trade["ratio"])).any():
         fs.note = "no cell where both backends are ok"
         return fs
-    other = [c for c in trade.columns if c in roles.cell and c not in ("page_size", "top_k", "pattern")]
+    split_axes = [c for c in trade.columns if c in roles.cell and c not in ("page_size", "top_k", "pattern")]
     variants = [c for c in trade.columns if c in roles.variant_columns() or "." in c]
     all_pages = sorted({_py(v) for v in trade["page_size"]}, key=lambda v: _sort_key([v]))
     all_ks = sorted({_py(v) for v in trade["top_k"]}, key=lambda v: _sort_key([v]))
-    for vals, sub in _cap(fs, _split_wild(trade, other, variants)):
+    for vals, sub in _cap(fs, _split_wild(trade, split_axes, variants)):
         pats = _split(sub, ["pattern"]) if "pattern" in roles.cell else [({}, sub)]
         nr, nc = _grid(len(pats))
         fig = Figure(figsize=(5.2 * nc, 4.2 * nr), layout="constrained")
@@ -148,7 +150,7 @@ def ratio_heatmaps(trade: Optional[pd.DataFrame], roles: AxisRoles) -> FigureSet
                     m[i, j] = np.log2(rv)
                     text[i][j] = f"{rv:.2f}"
                 else:
-                    bad = [f"{fam}:\n{rec[f'{fam}_status']}" for fam in FAMILIES
+                    bad = [f"{fam}:\n{rec[f'{fam}_status']}" for fam in (BASE, other)
                            if rec[f"{fam}_status"] != "ok"]
                     text[i][j] = "\n".join(bad) or "n/a"
             ax.set_facecolor("#d0d0d0")
@@ -171,10 +173,10 @@ def ratio_heatmaps(trade: Optional[pd.DataFrame], roles: AxisRoles) -> FigureSet
                     if abs(np.log2(r)) <= lim + 1e-9]
             cb.set_ticks(np.log2(nice))
             cb.set_ticklabels([f"{t:.2g}" for t in nice])
-            cb.set_label("latency hisparse / flashmla_sparse\n(<1: hisparse faster, >1: flashmla_sparse faster)")
-        fig.suptitle("Decode layer step latency ratio, hisparse / flashmla_sparse"
+            cb.set_label(f"latency {other} / {BASE}\n(<1: {other} faster, >1: {BASE} faster)")
+        fig.suptitle(f"Decode layer step latency ratio, {other} / {BASE}"
                      + (f"\n{_label(vals)}" if vals else ""))
-        fs.figures.append((f"ratio_heatmap{'__' + _slug(vals) if vals else ''}", fig))
+        fs.figures.append((f"{stem}{'__' + _slug(vals) if vals else ''}", fig))
     return fs
 
 
@@ -252,8 +254,9 @@ def _pow2_between(lo: float, hi: float) -> np.ndarray:
 def amplification_vs_page(pb: pd.DataFrame, roles: AxisRoles) -> FigureSet:
     """Page amplification (tokens in the pages touched / tokens selected) vs page size, per
     pattern, with the uniform-random expectation E[pages]*P/k as the upper bound and 1x as the
-    ideal; hisparse's loaded amplification (tokens loaded / tokens selected, after its hot buffer)
-    as hollow markers. One panel per top-k, one figure per context length."""
+    ideal; the offloading designs' loaded amplification (tokens loaded / tokens selected, after
+    their hot buffers; the connector's resident pages load nothing) as hollow markers. One panel
+    per top-k, one figure per context length."""
     fs = FigureSet("amplification", "Page amplification vs page size, with the uniform-random bound")
     d = pb[pb["status"].isin(["ok", "incorrect"])] if pb is not None and not pb.empty else pd.DataFrame()
     if d.empty or not np.isfinite(num(d["amp_pages"])).any():
@@ -278,11 +281,12 @@ def amplification_vs_page(pb: pd.DataFrame, roles: AxisRoles) -> FigureSet:
                 g = psub.groupby(num(psub["page_size"]))
                 touched = g["amp_pages"].median()
                 ax.plot(touched.index, touched.values, "o-", color=f"C{i}", label=f"{name}: pages touched")
-                hs = psub[psub["family"] == COORD]
-                loaded = hs.groupby(num(hs["page_size"]))["amp_loaded"].median() if not hs.empty else None
-                if loaded is not None and np.isfinite(loaded.values.astype(float)).any():
-                    ax.plot(loaded.index, loaded.values, "o--", mfc="none", color=f"C{i}",
-                            label=f"{name}: loaded by hisparse (median over variants)")
+                for fam, mark in zip(OFFLOADING, ("o--", "s:")):
+                    hs = psub[psub["family"] == fam]
+                    loaded = hs.groupby(num(hs["page_size"]))["amp_loaded"].median() if not hs.empty else None
+                    if loaded is not None and np.isfinite(loaded.values.astype(float)).any():
+                        ax.plot(loaded.index, loaded.values, mark, mfc="none", color=f"C{i}",
+                                label=f"{name}: loaded by {fam} (median over variants)")
             ax.set_xscale("log", base=2)
             _value_ticks(ax, grid)
             ax.set_yscale("log")
@@ -345,13 +349,15 @@ def stage_breakdown(pb: pd.DataFrame, roles: AxisRoles) -> FigureSet:
 # --------------------------------------------------------------------------- hit rate
 
 def hit_rate(pb: pd.DataFrame, roles: AxisRoles) -> FigureSet:
-    """hisparse hit rate vs device_buffer_size (lines per step_overlap and top-k) or, when the
-    buffer size does not vary, vs step_overlap; one panel per pattern."""
-    fs = FigureSet("hit_rate", "hisparse hit rate vs device buffer size and step overlap")
+    """Hit rate of the offloading designs (hisparse; hisparse_connector, whose resident pages
+    count as hits) vs device_buffer_size (lines per design, step_overlap, top-k and the
+    connector's resident_fraction) or, when the buffer size does not vary, vs step_overlap; one
+    panel per pattern."""
+    fs = FigureSet("hit_rate", "Hit rate of the offloading designs vs device buffer size and step overlap")
     ok = _ok(pb)
-    hs = ok[ok["family"] == COORD] if not ok.empty else ok
+    hs = ok[ok["family"].isin(OFFLOADING)] if not ok.empty else ok
     if hs.empty or not np.isfinite(num(hs["hit_rate"])).any():
-        fs.note = "needs hisparse rows with a hit rate"
+        fs.note = "needs hisparse or hisparse_connector rows with a hit rate"
         return fs
     hs = hs[np.isfinite(num(hs["hit_rate"]))]
     vary = _varying(hs, ["device_buffer_size", "step_overlap"])
@@ -359,9 +365,10 @@ def hit_rate(pb: pd.DataFrame, roles: AxisRoles) -> FigureSet:
         fs.note = "needs a sweep over device_buffer_size or step_overlap"
         return fs
     x = vary[0]
-    line_cols = _varying(hs, [c for c in ("step_overlap", "top_k") if c != x])
-    other = [c for c in list(roles.cell) + roles.variants.get(COORD, [])
-             if c not in (x, "pattern", "step_overlap", "top_k", "batch_size")]
+    line_cols = _varying(hs, ["family"] + [c for c in ("step_overlap", "top_k", "resident_fraction") if c != x])
+    variants = [a for f in OFFLOADING for a in roles.variants.get(f, [])]
+    other = [c for c in dict.fromkeys(list(roles.cell) + variants)
+             if c not in (x, "pattern", "step_overlap", "top_k", "batch_size", "resident_fraction")]
     combos = [(v, s) for v, s in _split(hs, other) if len({_py(x) for x in s[x]}) >= 2]
     if not combos:
         fs.note = f"no slice of the run has two or more values of {x}"
@@ -376,7 +383,7 @@ def hit_rate(pb: pd.DataFrame, roles: AxisRoles) -> FigureSet:
             for i, (lv, ls) in enumerate(_split(ps, line_cols)):
                 g = ls.groupby(num(ls[x]))["hit_rate"].median()
                 ax.plot(g.index, g.values.astype(float), "o-", color=f"C{i}",
-                        label=_label(lv) or "hisparse")
+                        label=_label(lv) or str(ls["family"].iloc[0]))
             if x == "device_buffer_size":
                 ax.set_xscale("log", base=2)
                 _value_ticks(ax, ps[x])
@@ -385,22 +392,26 @@ def hit_rate(pb: pd.DataFrame, roles: AxisRoles) -> FigureSet:
                 ax.set_xlabel("step_overlap (fraction of top-k shared with the previous step)")
             ax.set_ylabel("hit rate (fraction already on GPU)")
             ax.set_ylim(0, 1.02)
-            ax.set_title(_label(pv) or "hisparse")
+            ax.set_title(_label(pv) or "hit rate")
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=7)
         for ax in axes[len(pats):]:
             ax.set_visible(False)
-        fig.suptitle(f"hisparse hit rate vs {x}" + (f"\n{_label(vals)}" if vals else ""))
+        fig.suptitle(f"Hit rate vs {x}" + (f"\n{_label(vals)}" if vals else ""))
         fs.figures.append((f"hit_rate{'__' + _slug(vals) if vals else ''}", fig))
     if dropped:
         fs.note = (fs.note + "; " if fs.note else "") + f"{dropped} slice(s) with a single {x} value not drawn"
     return fs
 
 
-def all_figures(pb: pd.DataFrame, trade: Optional[pd.DataFrame], roles: AxisRoles) -> List[FigureSet]:
-    """Every figure kind, in report order."""
-    return [ratio_heatmaps(trade, roles), latency_vs_topk(pb, roles), amplification_vs_page(pb, roles),
-            stage_breakdown(pb, roles), hit_rate(pb, roles)]
+def all_figures(pb: pd.DataFrame, pairs: Dict[str, pd.DataFrame], roles: AxisRoles) -> List[FigureSet]:
+    """Every figure kind, in report order. ``pairs``: ``tables.tradeoff_tables``' pairwise
+    tables (the hisparse heatmap always, its note saying when it is empty; the connector's when
+    the run has it)."""
+    heat = [ratio_heatmaps(pairs.get(COORD), roles)]
+    heat += [ratio_heatmaps(t, roles, other=f) for f, t in pairs.items() if f != COORD]
+    return heat + [latency_vs_topk(pb, roles), amplification_vs_page(pb, roles),
+                   stage_breakdown(pb, roles), hit_rate(pb, roles)]
 
 
 def save(fs: FigureSet, out_dir: Path, dpi: int = 110) -> List[Path]:

@@ -33,6 +33,11 @@ hardware YAML, for projections). What each stage moves (``stage_work``):
   bookkeeping and copy together as ``swap_in``; when a row has no ``transform`` time of its own,
   its predicted ``swap_in`` is the sum of both kernels (``stage_times_us``).
 
+* ``resolve`` (hisparse_connector only, 1 kernel: resident page -> hot row -> host copy): per
+  selected token the page-table lookup of the transform (12 B), per request with a hot region
+  (``hot_requests``) the scan of its ``device_buffer_size`` slots (12 B per slot, as hisparse's
+  bookkeeping), and the counted ``bytes_h2d`` over the host link, written into hot rows in HBM.
+
 * ``attention`` (1 kernel): reads the counted ``bytes_selected`` (selected KV rows) plus the bf16
   query (d_qk = 576 values) and writes the bf16 output (d_v = 512 values) per head; FLOPs
   2 * 128 heads * (576 + 512) per selected token (QK^T and PV).
@@ -67,16 +72,17 @@ from harness.config import CONF_DIR, ModelConfig, load_model_preset
 
 from .rows import family, measured_layer_steps, number
 
-STAGES = ("select", "transform", "swap_in", "attention")
+STAGES = ("select", "transform", "swap_in", "resolve", "attention")
 
 #: the stages each backend family runs, in order
 BACKEND_STAGES = {
     "flashmla_sparse": ("select", "transform", "attention"),
     "hisparse": ("select", "transform", "swap_in", "attention"),
+    "hisparse_connector": ("select", "resolve", "attention"),
 }
 
 #: kernels launched per stage (launch cost is paid once per kernel)
-STAGE_KERNELS = {"select": 2, "transform": 1, "swap_in": 1, "attention": 1}
+STAGE_KERNELS = {"select": 2, "transform": 1, "swap_in": 1, "resolve": 1, "attention": 1}
 
 DEFAULT_LAUNCH_US = 5.0
 
@@ -244,10 +250,16 @@ def stage_work(row: Mapping, model: Optional[ModelConfig] = None) -> Dict[str, S
                                flops=tok * (2.0 * m.num_heads * (m.d_qk + m.d_v)),
                                kernels=STAGE_KERNELS["attention"]),
     }
-    if fam == "hisparse":
+    h2d = number(row, "bytes_h2d") / per
+    h2d = 0.0 if not np.isfinite(h2d) else h2d
+    if fam == "hisparse_connector":
         D = number(row, "device_buffer_size")
-        h2d = number(row, "bytes_h2d") / per
-        h2d = 0.0 if not np.isfinite(h2d) else h2d
+        hot = number(row, "hot_requests")
+        scan = 12 * D * hot if np.isfinite(D) and np.isfinite(hot) else 0.0
+        work["resolve"] = StageWork(hbm_bytes=B * k * 12 + scan + h2d, h2d_bytes=h2d,
+                                    kernels=STAGE_KERNELS["resolve"])
+    elif fam == "hisparse":
+        D = number(row, "device_buffer_size")
         work["transform"] = StageWork(hbm_bytes=B * (8 * k + 12 * D), kernels=STAGE_KERNELS["transform"])
         work["swap_in"] = StageWork(hbm_bytes=h2d, h2d_bytes=h2d, kernels=STAGE_KERNELS["swap_in"])
     else:

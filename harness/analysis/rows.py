@@ -11,6 +11,19 @@ import numpy as np
 import pandas as pd
 
 
+#: ``scenario`` of the rows the capacity section reads (harness/scenarios/capacity.py); every other
+#: row (decode, extend, or older rows without a scenario) belongs to the trade-off analysis
+CAPACITY = "capacity"
+
+
+def is_capacity(df: pd.DataFrame) -> pd.Series:
+    """Boolean Series on ``df``'s index: True for ``scenario=capacity`` rows (False where the
+    column is absent or missing)."""
+    if "scenario" not in df:
+        return pd.Series(False, index=df.index)
+    return (df["scenario"].astype("string") == CAPACITY).fillna(False).astype(bool)
+
+
 def family(backend: object) -> str:
     """The backend family: the part of the backend name before any '+'."""
     return str(backend).split("+", 1)[0]

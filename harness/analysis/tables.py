@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import pandas as pd
@@ -26,7 +26,10 @@ from .rows import family, is_missing, measured_layer_steps, num, number
 
 BASE = "flashmla_sparse"   #: the vLLM-style path (full KV resident in HBM)
 COORD = "hisparse"         #: the coordinator path (KV in host memory, hot buffer on the GPU)
-FAMILIES = (BASE, COORD)
+CONNECTOR = "hisparse_connector"  #: vLLM's connector (resident while the pool has room, spills to host)
+FAMILIES = (BASE, COORD, CONNECTOR)
+#: the designs compared side by side with flashmla_sparse
+OFFLOADING = (COORD, CONNECTOR)
 
 #: shared axes, in display order; page_size and top_k are always part of the cell key
 CELL_AXES = ("page_size", "top_k", "pattern", "context_len", "batch_size", "step_overlap",
@@ -41,7 +44,8 @@ VARIANT_AXES = ("backend", *dict.fromkeys(a for c in backend_classes() for a in 
                 *SELECT_VARIANT_AXES)
 #: variant axes whose default follows top_k (hisparse's buffer defaults to 2 x top_k)
 TIED_TO_TOP_K = ("device_buffer_size",)
-STAGE_COLS = ("stage_select_us", "stage_transform_us", "stage_swap_in_us", "stage_attention_us")
+STAGE_COLS = ("stage_select_us", "stage_transform_us", "stage_swap_in_us", "stage_resolve_us",
+              "stage_attention_us")
 MISSING = "missing"
 #: failures that are properties of a design at that point (it does not fit, or cannot serve the
 #: selection), so the other backend wins the cell; 'error', 'unavailable' and 'incorrect' are not
@@ -287,23 +291,29 @@ def _first_finite(recs: Sequence[Mapping], column: str) -> float:
     return float("nan")
 
 
-def tradeoff_table(pb: pd.DataFrame, roles: AxisRoles,
-                   latency_col: str = "latency_us_median") -> Optional[pd.DataFrame]:
-    """The side-by-side table, one row per cell (x variants), from ``per_backend_table``.
+def _variant_names(roles: AxisRoles, fam: str) -> Dict[str, str]:
+    """Column name of each of ``fam``'s variant axes in side-by-side tables: ``<family>.<axis>``
+    for ``backend`` and for an axis that is a variant of more than one family, else the axis."""
+    shared = {a for f in roles.families if f != fam for a in roles.variants.get(f, [])}
+    return {a: (f"{fam}.{a}" if a in shared or a == "backend" else a) for a in roles.variants.get(fam, [])}
 
-    Returns None when the run does not hold both families. ``ratio`` = hisparse / flashmla_sparse
-    latency (< 1: hisparse faster); ``winner`` is the backend with the lower median when both are
+
+def tradeoff_table(pb: pd.DataFrame, roles: AxisRoles, latency_col: str = "latency_us_median",
+                   other: str = COORD) -> Optional[pd.DataFrame]:
+    """The side-by-side table of ``other`` (hisparse by default, or hisparse_connector) against
+    flashmla_sparse, one row per cell (x variants of both), from ``per_backend_table``.
+
+    Returns None when the run does not hold both families. ``ratio`` = other / flashmla_sparse
+    latency (< 1: other faster); ``winner`` is the backend with the lower median when both are
     ok, '<ok backend> (<other> <status>)' when the other failed for a design reason
     (``DESIGN_FAILURES``: oom, invalid), '-' otherwise (missing, error, unavailable, incorrect);
-    ``separated`` is True when the two p10-p90 bands do not overlap.
+    ``separated`` is True when the two p10-p90 bands do not overlap. Columns of ``other`` carry
+    its name (``<other>_us``, ``<other>_h2d_MB``, ``<other>_hit_rate``, ...).
     """
-    if pb is None or pb.empty or not all((pb["family"] == f).any() for f in FAMILIES):
+    C = other
+    if pb is None or pb.empty or not all((pb["family"] == f).any() for f in (BASE, C)):
         return None
-    vb = [a for a in roles.variants.get(BASE, [])]
-    vc = [a for a in roles.variants.get(COORD, [])]
-    clash = set(vb) & set(vc)
-    name_b = {a: (f"{BASE}.{a}" if a in clash or a == "backend" else a) for a in vb}
-    name_c = {a: (f"{COORD}.{a}" if a in clash or a == "backend" else a) for a in vc}
+    name_b, name_c = _variant_names(roles, BASE), _variant_names(roles, C)
     cells: Dict[tuple, Dict[str, List[Mapping]]] = {}
     for rec in pb.to_dict("records"):
         ck = tuple(_py(rec.get(a)) for a in roles.cell)
@@ -312,55 +322,84 @@ def tradeoff_table(pb: pd.DataFrame, roles: AxisRoles,
     for ck in sorted(cells, key=_sort_key):
         fams = cells[ck]
         for b in fams.get(BASE, [{"status": MISSING}]):
-            for c in fams.get(COORD, [{"status": MISSING}]):
+            for c in fams.get(C, [{"status": MISSING}]):
                 row: Dict[str, object] = dict(zip(roles.cell, ck))
-                row.update({name_b[a]: _py(b.get(a)) for a in vb})
-                row.update({name_c[a]: _py(c.get(a)) for a in vc})
+                row.update({n: _py(b.get(a)) for a, n in name_b.items()})
+                row.update({n: _py(c.get(a)) for a, n in name_c.items()})
                 bs, cs = b.get("status") or MISSING, c.get("status") or MISSING
                 bu, cu = number(b, latency_col), number(c, latency_col)
-                row[f"{BASE}_status"], row[f"{COORD}_status"] = bs, cs
-                row[f"{BASE}_us"], row[f"{COORD}_us"] = bu, cu
-                for fam, rec in ((BASE, b), (COORD, c)):
+                row[f"{BASE}_status"], row[f"{C}_status"] = bs, cs
+                row[f"{BASE}_us"], row[f"{C}_us"] = bu, cu
+                for fam, rec in ((BASE, b), (C, c)):
                     for q in ("p10", "p90"):
                         row[f"{fam}_{q}_us"] = (number(rec, f"latency_us_{q}")
                                                 if latency_col == "latency_us_median" else float("nan"))
                 both = bs == "ok" and cs == "ok" and np.isfinite(bu) and np.isfinite(cu) and bu > 0
                 row["ratio"] = cu / bu if both else float("nan")
                 if both:
-                    row["winner"] = BASE if bu < cu else COORD if cu < bu else "tie"
-                    sep = (row[f"{COORD}_p90_us"] < row[f"{BASE}_p10_us"]
-                           or row[f"{BASE}_p90_us"] < row[f"{COORD}_p10_us"])
+                    row["winner"] = BASE if bu < cu else C if cu < bu else "tie"
+                    sep = (row[f"{C}_p90_us"] < row[f"{BASE}_p10_us"]
+                           or row[f"{BASE}_p90_us"] < row[f"{C}_p10_us"])
                     row["separated"] = bool(sep)
                 else:
                     row["winner"] = "-"
-                    for fam, st, other, ost in ((BASE, bs, COORD, cs), (COORD, cs, BASE, bs)):
+                    for fam, st, oth, ost in ((BASE, bs, C, cs), (C, cs, BASE, bs)):
                         if st == "ok" and ost in DESIGN_FAILURES:
-                            row["winner"] = f"{fam} ({other} {ost})"
+                            row["winner"] = f"{fam} ({oth} {ost})"
                     row["separated"] = None
                 row[f"{BASE}_hbm_MB"] = number(b, "hbm_MB")
-                row[f"{COORD}_hbm_MB"] = number(c, "hbm_MB")
-                row[f"{COORD}_h2d_MB"] = number(c, "h2d_MB")
+                row[f"{C}_hbm_MB"] = number(c, "hbm_MB")
+                row[f"{C}_h2d_MB"] = number(c, "h2d_MB")
                 row["pages_touched_per_req"] = _first_finite((c, b), "pages_touched_per_req")
-                row[f"{COORD}_pages_loaded_per_req"] = number(c, "pages_loaded_per_req")
-                row[f"{COORD}_tokens_loaded_per_req"] = number(c, "tokens_loaded_per_req")
+                row[f"{C}_pages_loaded_per_req"] = number(c, "pages_loaded_per_req")
+                row[f"{C}_tokens_loaded_per_req"] = number(c, "tokens_loaded_per_req")
                 row["amp_pages"] = _first_finite((c, b), "amp_pages")
                 row["page_coverage"] = _first_finite((c, b), "page_coverage")
                 row[f"{BASE}_amp_hbm"] = number(b, "amp_hbm")
-                row[f"{COORD}_amp_h2d"] = number(c, "amp_h2d")
-                row[f"{COORD}_hit_rate"] = number(c, "hit_rate")
+                row[f"{C}_amp_h2d"] = number(c, "amp_h2d")
+                row[f"{C}_hit_rate"] = number(c, "hit_rate")
+                if C == CONNECTOR:
+                    row[f"{C}_resident_page_share"] = number(c, "resident_page_share")
                 for st_col in STAGE_COLS:
-                    row[f"{COORD}_{st_col}"] = number(c, st_col)
+                    row[f"{C}_{st_col}"] = number(c, st_col)
                     row[f"{BASE}_{st_col}"] = number(b, st_col)
                 row[f"{BASE}_error"] = b.get("error")
-                row[f"{COORD}_error"] = c.get("error")
+                row[f"{C}_error"] = c.get("error")
                 rows.append(row)
     return pd.DataFrame(rows)
+
+
+#: the connector's pairwise columns renamed when they join the hisparse table
+CONNECTOR_PAIR_NAMES = {"ratio": "connector_ratio", "winner": "connector_winner",
+                        "separated": "connector_separated"}
+
+
+def tradeoff_tables(pb: pd.DataFrame, roles: AxisRoles, latency_col: str = "latency_us_median"
+                    ) -> Tuple[Optional[pd.DataFrame], Dict[str, pd.DataFrame]]:
+    """``(trade, pairs)``. ``pairs`` maps each family present beside flashmla_sparse (hisparse,
+    hisparse_connector) to its ``tradeoff_table``. ``trade`` is the report's table: hisparse vs
+    flashmla_sparse (``ratio``, ``winner``, ``separated``) with the connector's columns joined on
+    the cell and flashmla_sparse's variants (``connector_ratio`` = hisparse_connector /
+    flashmla_sparse, ``connector_winner``, ``connector_separated``, ``hisparse_connector_*``; a
+    connector that varies within a cell repeats the hisparse row once per connector variant);
+    the connector's own table, its pairwise columns renamed the same way, when the run has no
+    hisparse; None when neither pair exists."""
+    pairs = {f: t for f in OFFLOADING if (t := tradeoff_table(pb, roles, latency_col, other=f)) is not None}
+    hs, cn = pairs.get(COORD), pairs.get(CONNECTOR)
+    if cn is None:
+        return hs, pairs
+    if hs is None:
+        return cn.rename(columns=CONNECTOR_PAIR_NAMES), pairs
+    keys = list(roles.cell) + list(_variant_names(roles, BASE).values())
+    own = [c for c in cn.columns if c.startswith(CONNECTOR) or c in _variant_names(roles, CONNECTOR).values()]
+    joined = cn[keys + list(CONNECTOR_PAIR_NAMES) + own].rename(columns=CONNECTOR_PAIR_NAMES)
+    return hs.merge(joined, on=keys, how="left"), pairs
 
 
 def failures(df: pd.DataFrame) -> pd.DataFrame:
     """Rows whose status is not 'ok': backend, the axes, status and error."""
     bad = df[df["status"] != "ok"] if "status" in df else df.iloc[0:0]
-    cols = [c for c in ("backend",) + CELL_AXES + VARIANT_AXES[1:] if c in bad.columns
+    cols = [c for c in ("backend", "scenario") + CELL_AXES + VARIANT_AXES[1:] if c in bad.columns
             and bad[c].notna().any()]
     return bad[cols + ["status", "error"]].reset_index(drop=True)
 
