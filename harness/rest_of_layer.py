@@ -84,6 +84,8 @@ from harness.timing import capture_graph, time_fn
 TP_SIZES = (1, 2, 4, 8)
 WEIGHT_DTYPES = ("fp8", "bf16")
 FP8 = torch.float8_e4m3fn
+#: fp8 GEMMs run on a multiple of this many rows (zero rows padded; cuBLASLt refused some counts)
+FP8_ROW_MULTIPLE = 16
 FP8_MAX = 448.0
 #: matrices stored in e4m3 when weight_dtype='fp8' (the others stay bf16)
 FP8_MATRICES = ("qkv_a", "q_b", "o_proj", "index_q_b", "index_k", "shared_gate_up",
@@ -353,6 +355,17 @@ class Linear:
             return torch.mm(x, self.weight.t(), out=out)
         if not isinstance(x, Fp8Rows):
             x = quantize_rows(x)
+        m = x.data.shape[0]
+        misaligned = any(t is not None and t.data_ptr() % 16 for t in (x.data, x.scale, out))
+        if m % FP8_ROW_MULTIPLE or misaligned:
+            # cuBLASLt's fp8 GEMM wants 16-byte aligned operands and scales (an expert's slice of
+            # the routed rows often is not) and refuses some row counts: fresh, padded copies
+            pad = -m % FP8_ROW_MULTIPLE
+            data = torch.cat([x.data.view(torch.uint8), x.data.new_zeros(pad, x.data.shape[1]).view(torch.uint8)]).view(FP8)
+            scale = torch.cat([x.scale, x.scale.new_ones(pad, 1)])
+            y = torch._scaled_mm(data, self.weight.t(), scale_a=scale, scale_b=self.scale.view(1, -1),
+                                 out_dtype=torch.bfloat16)[:m]
+            return y if out is None else out.copy_(y)
         return torch._scaled_mm(x.data, self.weight.t(), scale_a=x.scale,
                                 scale_b=self.scale.view(1, -1), out_dtype=torch.bfloat16, out=out)
 

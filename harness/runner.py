@@ -218,7 +218,8 @@ def run_point(cfg, device: torch.device, job_dir: Path, repro: str, cfg_hash: st
                                   else run_backend(scn, cfg, name, run))
         except Exception as e:  # recorded, and the sweep goes on
             log.error("backend %s failed:\n%s", name, traceback.format_exc())
-            row, srows, record = _failed(cfg, name, "error", f"{type(e).__name__}: {e}"), [], None
+            cols = {k: v for k, v in run.items() if k not in ("status", "error")}
+            row, srows, record = {**_failed(cfg, name, "error", f"{type(e).__name__}: {e}"), **cols}, [], None
         if cfg.selection.record and record is not None and not recorded:
             # the selections actually served (for selection=indexer: what the indexer chose)
             Trace(record, scn.selections()).save(cfg.selection.record)

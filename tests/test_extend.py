@@ -11,6 +11,7 @@ import torch
 
 from harness import results
 from harness.config import CONF_DIR, ModelConfig, load_model_preset
+from backends import BACKENDS
 from backends.flashmla_sparse import FlashMLASparseBackend
 from backends.hisparse import EXTEND_UNSUPPORTED as HISPARSE_INVALID
 from backends.kernels.indexer import pad_index_heads
@@ -283,10 +284,12 @@ def test_point_rows_statuses_and_schema(point):
     df = results.load(d)
     assert list(df.columns) == ["job_dir", *results.COLUMNS]
     by = {r["backend"]: r for _, r in df.iterrows()}
-    assert set(by) == {"flashmla_sparse", "hisparse"}
+    assert set(by) == set(BACKENDS)
     assert (df["phase"] == "extend").all() and (df["selection"] == "indexer").all()
     hs = by["hisparse"]
     assert hs["status"] == "invalid" and hs["error"] == HISPARSE_INVALID
+    cn = by["hisparse_connector"]  # decode-only: no extend path
+    assert cn["status"] == "invalid" and "no extend path" in cn["error"]
     fm = by["flashmla_sparse"]
     assert fm["status"] == "ok", fm["error"]
     assert fm["max_rel_err"] < fm["tolerance"] and fm["n_samples"] == 1

@@ -62,12 +62,20 @@ def test_bf16_mapping_reproduces_reference():
     torch.testing.assert_close(lse, ref_lse)
 
 
-@pytest.mark.parametrize("h,d", [(16, 576), (64, 320)])
+@pytest.mark.parametrize("h,d", [(256, 576), (64, 320)])
 def test_unsupported_shapes(h, d):
     q = torch.zeros(2, h, d, dtype=torch.bfloat16)
     kv = torch.zeros(64, d, dtype=torch.bfloat16)
     with pytest.raises(fp.PeerUnsupported):
         fp.check_supported(q, kv, 512 if d == 576 else 256)
+
+
+@pytest.mark.parametrize("h,want", [(1, 64), (16, 64), (64, 64), (65, 128), (128, 128)])
+def test_heads_padded_as_vllm_pads_them(h, want):
+    """Fewer heads than the kernel computes are zero-padded (TP8: 16 heads -> 64 on Hopper)."""
+    assert fp.padded_heads(h) == want
+    q = torch.zeros(2, h, 576, dtype=torch.bfloat16)
+    assert fp.check_supported(q, torch.zeros(64, 576, dtype=torch.bfloat16), 512) == "bf16"
 
 
 def test_unavailable_on_cpu():

@@ -54,8 +54,9 @@ def test_notebook_on_a_cpu_sweep(tmp_path, monkeypatch):
     sweep = tmp_path / "cpu_sweep"
     run_harness("-m", "page_size=16,64", "top_k=32", "context_len=200", "steps=3",
                 "timing.warmup_steps=1", "batch_size=2", "report=false", f"hydra.sweep.dir={sweep}")
+    from backends import BACKENDS
     n = len(results.load(sweep))
-    assert n == 4
+    assert n == 2 * len(BACKENDS)
     monkeypatch.setenv("DSA_RUN_DIR", str(sweep))
     nb = nbformat.read(NOTEBOOK, as_version=4)
     NotebookClient(nb, timeout=180, kernel_name="python3",

@@ -13,7 +13,7 @@ from harness.validate import ConfigError, check_value
     ("top_k", 0, ">= 1"),
     ("batch_size", -3, ">= 1"),
     ("pattern", "zipf", "random, sliding_window, prefix, clustered, mixed"),
-    ("backend", "flashinfer", "flashmla_sparse, hisparse, all"),
+    ("backend", "flashinfer", "flashmla_sparse, hisparse, hisparse_connector, all"),
     ("kv_dtype", "fp16", "bf16, fp8_ds_mla"),
     ("step_overlap", 1.5, "[0, 1]"),
     ("hisparse.coordinator", "vllm", "triton, sglang"),

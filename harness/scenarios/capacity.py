@@ -305,6 +305,7 @@ class CapacityScenario(DecodeSteps):
         # the rest of the layer's step (a CUDA graph on the GPU): its memory is outside the budget
         self.rest_step = self.rest.prepare(self.batch) if self.rest is not None else None
         self.wl = self.topk_dev = self.selector = None  # the previous run's, if any
+        self.setup_bytes = self.peak_bytes = None
         self.key_caches = []
         self.meter.start(host_bytes=self.footprint[1])
         seq_lens = synthetic_seq_lens(cfg.context_len, cfg.steps, self.batch)
@@ -321,12 +322,16 @@ class CapacityScenario(DecodeSteps):
                            [IndexKeyCache.allocate(self.wl.num_pages, cfg.page_size, self.model.index_dim,
                                                    IndexKeyFormat.FP8, self.device)
                             for _ in range(cfg.num_layers)])
-        self.setup_bytes = self.meter.now() - self.meter.baseline
         n = min(self.c.check_requests, self.batch)
         self.checked = np.unique(np.linspace(0, self.batch - 1, n).round().astype(np.int64))
         self.kept: List[Tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        self.meter.reset_peak()
         return be
+
+    def begin_step(self, be, step: int) -> None:
+        if step == 0:  # set-up (prefill included) is done: what it left, and the steps' peak from here
+            self.setup_bytes = self.meter.now() - self.meter.baseline
+            self.meter.reset_peak()
+        super().begin_step(be, step)
 
     def run_layer(self, be, x: LayerInputs, timer):
         out = super().run_layer(be, x, timer)
@@ -366,7 +371,7 @@ class CapacityScenario(DecodeSteps):
         bad = [e for e in (super().check_error(),) if e]
         limit = self.footprint[0] + self.allowance
         for what, used in (("set-up", self.setup_bytes), ("the timed steps' peak", self.peak_bytes)):
-            if used > limit:
+            if used is not None and used > limit:
                 bad.append(f"{what} allocated {used / GB:.3f} GB of device memory: more than the computed "
                            f"footprint {self.footprint[0] / GB:.3f} GB + workspace allowance "
                            f"{self.allowance / GB:.3f} GB")
@@ -380,7 +385,8 @@ class CapacityScenario(DecodeSteps):
         row.update(batch_size=self.batch, device_budget_bytes=self.device_budget, host_budget_bytes=self.host_budget,
                    footprint_device_bytes=dev, footprint_host_bytes=host,
                    device_bytes_per_request=dev / self.batch, host_bytes_per_request=host / self.batch,
-                   setup_device_bytes=self.setup_bytes, peak_device_bytes=getattr(self, "peak_bytes", None),
+                   setup_device_bytes=getattr(self, "setup_bytes", None),
+                   peak_device_bytes=getattr(self, "peak_bytes", None),
                    workspace_allowance_bytes=self.allowance,
                    attention_heads_computed=heads_computed(self.cfg.attention_kernel, self.model.num_heads))
         return row
