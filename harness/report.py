@@ -218,9 +218,10 @@ def _md_tradeoff(a: Analysis) -> List[str]:
             "with fm. 'bands apart': the p10-p90 intervals of hs and fm do not overlap. Missing "
             "cells (not in the results) and failed cells show their status. Full columns: "
             "[tradeoff.csv](tradeoff.csv).", "", tb.to_markdown(t, cols, headers)]
-    for col, what in (("winner", "Winners (hs vs fm)"), ("connector_winner", "Winners (hc vs fm)")):
-        if col in t:
-            out += ["", f"{what}: " + ", ".join(f"{k} {v}" for k, v in t[col].value_counts().items())]
+    for fam, ab in ((C, "hs"), (X, "hc")):      # over the pair's own table: one row per cell and variant
+        if fam in a.pairs:
+            wins = a.pairs[fam]["winner"].value_counts()
+            out += ["", f"Winners ({ab} vs fm): " + ", ".join(f"{k} {v}" for k, v in wins.items())]
     return out + [""]
 
 

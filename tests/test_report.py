@@ -220,3 +220,38 @@ def test_attention_kernel_is_a_cell_axis_only_when_both_backends_vary_it(tmp_pat
     b = report.analyse(write_sweep(tmp_path / "b", one))
     assert "attention_kernel" not in b.roles.cell and b.roles.variants[FM] == ["attention_kernel"]
     assert len(b.trade) == 2 and set(b.trade["hisparse_us"]) == {80.0}
+
+
+def test_third_backend_joins_the_tradeoff_table(tmp_path):
+    """hisparse_connector beside the two others: its ratio to flashmla_sparse as extra columns,
+    one hisparse row per connector variant, the hisparse-vs-flashmla claims unchanged."""
+    HC = "hisparse_connector"
+    grid = synthetic_grid()
+    conn = []
+    for r in grid:
+        if r["backend"] != FM:
+            continue
+        for rf, scale in ((1.0, 0.8), (0.0, 2.0)):
+            conn.append(make_row(HC, r["page_size"], r["top_k"], r["latency_us_median"] * scale,
+                                 resident_fraction=rf, stage_resolve_us=0.1, hit_rate=rf))
+    two = report.analyse(write_sweep(tmp_path / "two", grid))
+    run = write_sweep(tmp_path / "three", grid + conn)
+    three = report.analyse(run)
+    assert three.roles.families == [FM, HS, HC] and three.roles.variants[HC] == ["resident_fraction"]
+    t = three.trade
+    assert len(t) == 2 * len(two.trade)                      # each hisparse cell once per connector variant
+    for rf, scale in ((1.0, 0.8), (0.0, 2.0)):
+        sub = t[t["resident_fraction"] == rf]
+        assert list(sub["connector_ratio"]) == pytest.approx([scale] * 6)
+        assert set(sub["connector_winner"]) == {HC if scale < 1 else FM}
+        pd.testing.assert_series_equal(sub["ratio"].reset_index(drop=True), two.trade["ratio"], check_names=False)
+    assert [c.verdict for c in three.claims] == [c.verdict for c in two.claims]
+    assert set(three.pairs) == {HS, HC} and len(three.pairs[HC]) == 12
+    path = report.write_report(run)
+    md = path.read_text()
+    wins = {ln.split(": ", 1)[0]: ln.split(": ", 1)[1] for ln in md.splitlines() if ln.startswith("Winners")}
+    assert sorted(wins["Winners (hc vs fm)"].split(", ")) == [f"{FM} 6", f"{HC} 6"]
+    assert sorted(wins["Winners (hs vs fm)"].split(", ")) == [f"{FM} 4", f"{HS} 2"]   # per cell, not per join
+    assert (path.parent / "figures" / "ratio_heatmap_hisparse_connector__resident_fraction=0.png").is_file()
+    pb = pd.read_csv(path.parent / "per_backend.csv")
+    assert (pb["family"] == HC).sum() == 12

@@ -6,7 +6,8 @@ Measured points (``capacity_point='max'``) are markers joined by lines; ``'liste
 are small hollow markers at their context; a design whose row failed at a context (oom,
 invalid, incorrect, ...) or has no tokens/s gets an ``x`` on the panel's lower edge labelled
 with its status, never a number. The analytic view (``projection_table``) is drawn dashed in
-the design's colour, labelled "projection (analytic)", where it exists (tp_size=1).
+the design's colour, labelled "projection (analytic)", where it exists (tp_size=1; a projected
+batch of 0 appears in the max-batch figure and the CSV only, as tokens/s are drawn on a log scale).
 Units: context in tokens, tokens/s of one GPU, batch in requests.
 """
 from __future__ import annotations
@@ -38,6 +39,14 @@ def _failed_marks(ax, fails: pd.DataFrame, color: str, slot: int) -> None:
         ax.plot([_py(r["context_len"])], [y], "x", color=color, transform=tr, markersize=8, clip_on=False)
         ax.annotate(str(what), (_py(r["context_len"]), y), xycoords=tr, xytext=(4, 0),
                     textcoords="offset points", fontsize=6.5, color=color, va="center")
+
+
+def _log_y(ax, base: float = 10) -> None:
+    """A log y axis with a free band at the bottom for the failure marks."""
+    if ax.has_data():
+        ax.set_yscale("log", base=base)
+        lo, hi = ax.get_ylim()
+        ax.set_ylim(lo / 2, hi)
 
 
 def _panels(view: CapacityView, fs: FigureSet, stem: str, title: str, ylabel: str, draw) -> FigureSet:
@@ -82,7 +91,6 @@ def tokens_per_s_vs_context(view: CapacityView) -> FigureSet:
     fs = FigureSet("capacity_tokens_per_s", "Decode tokens/s vs context under the HBM budget (measured)")
 
     def draw(ax, ts, pj, colors):
-        positive = True
         for slot, (design, g) in enumerate(_design_groups(ts)):
             col = colors[design]
             mx = g[g["capacity_point"] == "max"].sort_values("context_len")
@@ -95,12 +103,11 @@ def tokens_per_s_vs_context(view: CapacityView) -> FigureSet:
                         color=col, label=f"{design} (listed batches)")
             _failed_marks(ax, mx.drop(good.index), col, slot)
             p = pj[pj["design"] == design].sort_values("context_len") if not pj.empty else pj
+            p = p[num(p["projected_tokens_per_s"]) > 0] if not p.empty else p   # 0: none fits (max-batch figure)
             if not p.empty:
                 ax.plot(num(p["context_len"]), num(p["projected_tokens_per_s"]), "s--", mfc="none", color=col,
                         alpha=0.8, label=f"{design}: projection (analytic)")
-                positive &= bool((num(p["projected_tokens_per_s"]) > 0).all())
-        if positive and ax.has_data():
-            ax.set_yscale("log")
+        _log_y(ax)
 
     return _panels(view, fs, "capacity_tokens_per_s", "Decode tokens/s per GPU at each design's max batch",
                    "decode tokens/s (one GPU)", draw)
@@ -124,8 +131,7 @@ def max_batch_vs_context(view: CapacityView) -> FigureSet:
             if not p.empty:
                 ax.plot(num(p["context_len"]), num(p["projected_max_batch"]), "s--", mfc="none", color=col,
                         alpha=0.8, label=f"{design}: projection (analytic)")
-        if ax.has_data():
-            ax.set_yscale("log", base=2)
+        _log_y(ax, base=2)
 
     return _panels(view, fs, "capacity_max_batch", "Requests each design holds under the budget",
                    "max batch (requests)", draw)

@@ -1,4 +1,6 @@
-"""Trade-off tables: per-backend rows and the side-by-side table with ratio and winner.
+"""Trade-off tables: per-backend rows (every family: flashmla_sparse, hisparse,
+hisparse_connector) and the side-by-side tables with ratio and winner of each offloading design
+against flashmla_sparse.
 
 Units: latencies in µs for one decode layer step of the whole batch; bytes per tier in MB
 (1e6 B) per decode layer step of the whole batch; pages and tokens per request per layer step;
