@@ -48,6 +48,8 @@ class StageRunner(Protocol):
     def run(self, stage: str, fn) -> Any: ...
 
 
+#: per query row counts a backend may report for each layer step (``Backend.layer_counts``)
+COUNT_KEYS = ("hits", "misses", "resident_hits", "tokens_loaded", "pages_loaded", "bytes_h2d")
 #: the phases a layer step can belong to (``decode_layer`` / ``extend_layer``)
 PHASES = ("decode", "extend")
 #: paged pools hold a multiple of this many rows (FlashMLA's kernels view a pool in 64-row blocks)

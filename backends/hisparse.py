@@ -23,12 +23,10 @@ import numpy as np
 import torch
 
 from backends.attention import resolve_attention
-from backends.base import Backend, BackendInvalid, BackendUnavailable, ConfigError, KVLayout
+from backends.base import COUNT_KEYS, Backend, BackendInvalid, BackendUnavailable, ConfigError, KVLayout
 from backends.copy_engines import COPY_ENGINES
-from backends.hisparse_coordinator import LOAD_GRANULARITIES, HiSparseCoordinator, validate_selection
+from backends.hisparse_coordinator import LOAD_GRANULARITIES, HiSparseCoordinator, checked_selections
 
-#: per-request counts of a layer step (the coordinator's, in result-column names)
-COUNT_KEYS = ("hits", "misses", "tokens_loaded", "pages_loaded", "bytes_h2d")
 #: swap-in implementations: ours, or SGLang's own kernel
 COORDINATORS = ("triton", "sglang")
 #: the reason an extend point has no HiSparse row
@@ -137,18 +135,12 @@ class HiSparseBackend(Backend):
     def _check_selections(self) -> None:
         """Positions < seq_len, and (page mode) no step selecting more pages than the buffer
         holds: both known before any kernel runs for synthetic and traced selections."""
-        wl = self.wl
-        for s in range(wl.steps):
-            for layer in range(wl.num_layers):
-                try:
-                    validate_selection(wl.topk[s, layer], wl.seq_lens[s])
-                except ValueError as e:
-                    raise BackendInvalid(f"step {s}, layer {layer}: {e}") from e
-                err = self.coord.overflow_error(wl.topk[s, layer], wl.seq_lens[s])
-                if err is not None:
-                    raise BackendInvalid(f"step {s}, layer {layer}: {err}")
-                if self.coordinator == "sglang":
-                    self._check_contract(f"step {s}, layer {layer}", wl.topk[s, layer], wl.seq_lens[s])
+        for where, positions, seq_lens in checked_selections(self.wl):
+            err = self.coord.overflow_error(positions, seq_lens)
+            if err is not None:
+                raise BackendInvalid(f"{where}: {err}")
+            if self.coordinator == "sglang":
+                self._check_contract(where, positions, seq_lens)
 
     def _check_contract(self, where: str, positions: np.ndarray, seq_lens: np.ndarray) -> None:
         from backends.kernels.sglang_peer import selection_contract_error
@@ -184,7 +176,7 @@ class HiSparseBackend(Backend):
         return slots
 
     def decode_layer(self, step: int, layer: int, q: torch.Tensor, positions: Optional[torch.Tensor],
-                     seq_lens: torch.Tensor, timer: StageTimer,
+                     seq_lens: torch.Tensor, timer,
                      slots: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         """Takes logical positions (HiSparse always runs the unfused top-k, as upstream)."""
         slots = timer.run("swap_in", lambda: self._swap_in(seq_lens, positions, layer))
@@ -204,7 +196,7 @@ class HiSparseBackend(Backend):
             b = int(np.argmax(c["pages_needed"]))
             raise BackendInvalid(f"layer {layer}: page-mode overflow: batch row {b} needs "
                                  f"{int(c['pages_needed'][b])} pages, capacity {self.coord.page_capacity}")
-        return {k: c[k] for k in COUNT_KEYS}
+        return {k: c[k] for k in COUNT_KEYS if k in c}
 
     def graph_capture_blocker(self) -> str:
         if self.engine != "uva_kernel":

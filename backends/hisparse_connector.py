@@ -39,7 +39,7 @@ from backends.base import Backend, BackendInvalid, ConfigError, KVLayout
 from backends.connector_residency import (ConnectorLayout, connector_layout, k_pad,
                                          max_resident_pages, pages_of)
 from backends.copy_engines import word_view
-from backends.hisparse_coordinator import validate_selection
+from backends.hisparse_coordinator import checked_selections
 from backends.kernels.connector_resolve import (CONNECTOR_COUNT_FIELDS, NUM_CONNECTOR_COUNTS,
                                                 connector_resolve_kernel)
 from backends.kernels.swap_in import next_pow2
@@ -173,14 +173,8 @@ class HiSparseConnectorBackend(Backend):
         except ConfigError as e:
             raise BackendInvalid(str(e)) from e
         super().__init__(workload, settings, attention_kernel=attention_kernel)
-        if wl.topk is not None:
-            for s in range(wl.steps):
-                for layer in range(wl.num_layers):
-                    try:
-                        validate_selection(wl.topk[s, layer], wl.seq_lens[s])
-                    except ValueError as e:
-                        raise BackendInvalid(f"step {s}, layer {layer}: {e}") from e
-                    check_unique_selection(wl.topk[s, layer], f"step {s}, layer {layer}")
+        for where, positions, _ in checked_selections(wl):
+            check_unique_selection(positions, where)
         self.D, self.P, self.K = int(settings.device_buffer_size), wl.page_size, wl.top_k
         self.lay = lay = self.layout(wl.seq_lens.max(axis=0), top_k=wl.top_k, page_size=wl.page_size,
                                      row_bytes=wl.row_bytes, num_layers=wl.num_layers,

@@ -121,6 +121,23 @@ def validate_selection(topk_indices, seq_lens) -> None:
                          f"in [0, seq_len={s[b]})")
 
 
+def checked_selections(workload):
+    """Yields ``(where, positions int32 [B, top_k], seq_lens int32 [B])`` for every (step, layer)
+    of a selection known up front (``workload.topk``; nothing for the indexer's), each checked
+    by ``validate_selection`` first (raises BackendInvalid naming the step and layer)."""
+    from backends.base import BackendInvalid
+    if workload.topk is None:
+        return
+    for s in range(workload.steps):
+        for layer in range(workload.num_layers):
+            where = f"step {s}, layer {layer}"
+            try:
+                validate_selection(workload.topk[s, layer], workload.seq_lens[s])
+            except ValueError as e:
+                raise BackendInvalid(f"{where}: {e}") from e
+            yield where, workload.topk[s, layer], workload.seq_lens[s]
+
+
 def selected_page_demand(topk_indices, seq_lens, page_size: int) -> np.ndarray:
     """Distinct pages each batch row selects, the newest token's page excluded; int64 [batch].
 

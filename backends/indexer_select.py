@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-import numpy as np
 import torch
 
 from backends.kernels.indexer import indexer_logits_paged
@@ -83,7 +82,7 @@ class IndexerSelector:
         w = torch.randn(b, m.index_heads, generator=gw, device=dev) * m.index_heads ** -0.5
         return q.to(torch.bfloat16), w
 
-    def select(self, step: int, layer: int, seq_lens: torch.Tensor, timer: StageTimer,
+    def select(self, step: int, layer: int, seq_lens: torch.Tensor, timer,
                want_slots: bool) -> torch.Tensor:
         """int32 [B, top_k]: global slots (fused PAGED transform) when ``want_slots`` and fused,
         else request-local positions; -1 padded. Inputs are made before the caller's timer."""

@@ -27,7 +27,8 @@ from harness.memory import fits, host_available_bytes
 from harness.scenarios import scenario_class
 from harness.scenarios.base import LayerInputs, Scenario
 from harness.selection import Trace, distinct_counts
-from harness.summary import COUNT_KEYS, add_counts, correctness, empty_sums, summarize
+from backends.base import COUNT_KEYS
+from harness.summary import add_counts, correctness, empty_sums, summarize
 from harness.timing import StageTimer, UntimedStages
 from harness.validate import backends_of
 

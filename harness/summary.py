@@ -5,11 +5,10 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from backends.base import COUNT_KEYS
 from harness.config import ModelConfig
 from harness.timing import TimingStats
 
-#: per-request counts a backend reports for each layer step (``Backend.layer_counts``)
-COUNT_KEYS = ("hits", "misses", "resident_hits", "tokens_loaded", "pages_loaded", "bytes_h2d")
 #: counts of the served selection itself
 SELECTION_KEYS = ("tokens_selected", "pages_touched")
 LSE_TOLERANCE = 0.05

@@ -13,3 +13,12 @@ def run_harness(*args, check: bool = True, module: str = "harness") -> subproces
     if check:
         assert r.returncode == 0, r.stderr[-3000:]
     return r
+
+
+def compose(*overrides):
+    """The composed run config of ``overrides`` (in this process, without running anything)."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    import harness.cli  # noqa: F401  (registers the structured configs)
+    from harness.config import CONF_DIR
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=list(overrides))

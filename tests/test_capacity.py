@@ -1,14 +1,12 @@
 """scenario=capacity: maximum batches from the declared footprints, honest memory, throughput,
 bad input (CPU, tiny model, a budget of a few MB)."""
-import numpy as np
 import pytest
 import torch
 
 from backends import BACKENDS
 from backends.hisparse import HiSparseBackend
-from cli import run_harness
+from cli import compose, run_harness
 from harness import results
-from harness.config import CONF_DIR
 from harness.runner import run_point
 from harness.validate import validate
 
@@ -20,15 +18,8 @@ ROW_BYTES = 256 + 4 * 256 // 128 + 2 * 64  # fp8_ds_mla at the tiny model: 392 B
 INDEX_BYTES = 64 + 4                        # fp8 index key + its scale, per token
 
 
-def _compose(*overrides):
-    from hydra import compose, initialize_config_dir
-    import harness.cli  # noqa: F401  (registers the structured configs)
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
-
-
 def _run(d, *overrides):
-    cfg = _compose(*POINT, *overrides)
+    cfg = compose(*POINT, *overrides)
     validate(cfg)
     run_point(cfg, torch.device("cpu"), d, "python -m harness scenario=capacity", "h")
     return results.load(d)
@@ -124,6 +115,13 @@ def test_a_planted_over_allocation_is_incorrect(tmp_path, monkeypatch):
     df = _run(tmp_path, "backend=hisparse", "capacity.workspace_mb=16", "capacity.workspace_fraction=0")
     r = df.iloc[0]
     assert r["status"] == "incorrect" and "footprint" in r["error"]
+
+
+def test_indexer_selection_inside_the_capacity_step(tmp_path):
+    df = _run(tmp_path, "selection=indexer", "backend=hisparse", "context_len=60")
+    r = df.iloc[0]
+    assert r["status"] == "ok", r["error"]
+    assert r["stage_select_us"] > 0 and r["selection"] == "indexer" and r["misses"] > 0
 
 
 def test_a_budget_below_one_request_is_oom(tmp_path):

@@ -7,10 +7,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+
+from cli import compose
 import torch
 
 from harness import results
-from harness.config import CONF_DIR, ModelConfig, load_model_preset
+from harness.config import ModelConfig, load_model_preset
 from backends import BACKENDS
 from backends.flashmla_sparse import FlashMLASparseBackend
 from backends.hisparse import EXTEND_UNSUPPORTED as HISPARSE_INVALID
@@ -263,16 +265,9 @@ POINT = ["device=cpu", "model=tiny", "page_size=16", "top_k=32", "batch_size=4",
          "extend_len=2", "steps=2", "timing.warmup_steps=1", "num_layers=1", "report=false"]
 
 
-def _compose(*overrides):
-    from hydra import compose, initialize_config_dir
-    import harness.cli  # noqa: F401  (registers the structured configs)
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
-
-
 @pytest.fixture(scope="module")
 def point(tmp_path_factory):
-    cfg = _compose("phase=extend", "backend=all", *POINT)
+    cfg = compose("phase=extend", "backend=all", *POINT)
     validate(cfg)
     d = tmp_path_factory.mktemp("extend_point")
     rows = run_point(cfg, torch.device("cpu"), d, "python -m harness phase=extend", "h")
@@ -327,10 +322,10 @@ def test_phase_validation():
     with pytest.raises(ConfigError, match="extend_len"):
         check_value("extend_len", 0)
     with pytest.raises(ConfigError, match="selection"):
-        validate(_compose("phase=extend", "selection=trace", "selection.path=x.npz", *POINT))
+        validate(compose("phase=extend", "selection=trace", "selection.path=x.npz", *POINT))
     with pytest.raises(ConfigError, match="extend.shared_prefix"):
-        validate(_compose("phase=extend", "extend.shared_prefix=1.5", *POINT))
-    validate(_compose("phase=decode", *POINT))
+        validate(compose("phase=extend", "extend.shared_prefix=1.5", *POINT))
+    validate(compose("phase=decode", *POINT))
 
 
 def test_cli_extend(tmp_path):

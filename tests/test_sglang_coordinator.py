@@ -9,9 +9,8 @@ import torch
 
 import backends.hisparse as hisparse_backend
 from backends.kernels import sglang_peer as sp
-from cli import run_harness
+from cli import compose, run_harness
 from harness import results
-from harness.config import CONF_DIR
 from harness.lru_model import CoordinatorModel
 from harness.sglang_model import UpstreamHotBuffer, modelled_peer
 from harness.runner import run_point
@@ -25,16 +24,9 @@ POINT = ["device=cpu", "model=tiny", "backend=hisparse", "hisparse.coordinator=s
          "report=false"]
 
 
-def _compose(*overrides):
-    from hydra import compose, initialize_config_dir
-    import harness.cli  # noqa: F401  (registers the structured configs)
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
-
-
 def _run_modelled(d, *overrides):
     """One harness point in this process, upstream's kernel replaced by its Python model."""
-    cfg = _compose(*POINT, *overrides)
+    cfg = compose(*POINT, *overrides)
     validate(cfg)
     mp = pytest.MonkeyPatch()
     mp.setattr(hisparse_backend, "make_sglang_peer", modelled_peer)

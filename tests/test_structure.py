@@ -4,11 +4,12 @@ from pathlib import Path
 
 import pytest
 
+from cli import compose
+
 from backends import BACKENDS, backend_class
 from backends.base import ConfigError
 from harness import results
 from harness.analysis import tables
-from harness.config import CONF_DIR
 from harness.scenarios import SCENARIOS, scenario_class
 from harness.validate import CHOICES, validate
 
@@ -32,30 +33,23 @@ def test_backends_and_kernels_never_import_the_harness(package):
     assert not offenders, offenders
 
 
-def _compose(*overrides):
-    from hydra import compose, initialize_config_dir
-    import harness.cli  # noqa: F401  (registers the structured configs)
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
-
-
 POINT = ["device=cpu", "model=tiny", "top_k=16", "context_len=64", "batch_size=2", "steps=3"]
 
 
 def test_scenario_group_and_phase_alias():
-    assert _compose(*POINT).scenario == "decode"
+    assert compose(*POINT).scenario == "decode"
     for name in SCENARIOS:
-        cfg = _compose(f"scenario={name}", *POINT)
+        cfg = compose(f"scenario={name}", *POINT)
         assert cfg.scenario == name
-    cfg = _compose("phase=extend", *POINT)
+    cfg = compose("phase=extend", *POINT)
     validate(cfg)
     assert cfg.scenario == "extend"
     with pytest.raises(ConfigError, match="phase"):  # two names for one thing, disagreeing
-        validate(_compose("phase=decode", "scenario=extend", *POINT))
+        validate(compose("phase=decode", "scenario=extend", *POINT))
 
 
 def test_every_declared_setting_is_a_config_node_with_checked_choices():
-    cfg = _compose(*POINT)
+    cfg = compose(*POINT)
     for name in BACKENDS:
         cls = backend_class(name)
         if cls.settings is not None:
@@ -63,7 +57,7 @@ def test_every_declared_setting_is_a_config_node_with_checked_choices():
         for field, allowed in cls.choices.items():
             assert CHOICES[f"{name}.{field}"] == allowed
     with pytest.raises(ConfigError, match="hisparse.copy_engine"):
-        validate(_compose("hisparse.copy_engine=dma", *POINT))
+        validate(compose("hisparse.copy_engine=dma", *POINT))
 
 
 def test_declared_stages_and_columns_have_result_columns():

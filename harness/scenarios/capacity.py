@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import warnings
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
@@ -76,6 +77,10 @@ class CapacitySettings:
     workspace_fraction: float = 0.25      # declared workspace allowance: this fraction of the budget
     workspace_mb: float = 64.0            # ... plus this many MiB (kernel workspaces, selections)
     max_batch: int = 4096                 # largest batch the search considers
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.4g} MB"
 
 
 def index_cache_bytes(layout: KVLayout, batch: int, index_dim: int) -> int:
@@ -121,15 +126,17 @@ class MemoryMeter:
 
     def _live_cpu_bytes(self) -> int:
         seen, total = set(), 0
-        for o in gc.get_objects():
-            try:
-                if isinstance(o, torch.Tensor) and o.device.type == "cpu" and not o.is_pinned():
-                    st = o.untyped_storage()
-                    if st.data_ptr() not in seen:
-                        seen.add(st.data_ptr())
-                        total += st.nbytes()
-            except (RuntimeError, ReferenceError):
-                continue
+        with warnings.catch_warnings():  # touching every object trips deprecated module attributes
+            warnings.simplefilter("ignore")
+            for o in gc.get_objects():
+                try:
+                    if isinstance(o, torch.Tensor) and o.device.type == "cpu" and not o.is_pinned():
+                        st = o.untyped_storage()
+                        if st.data_ptr() not in seen:
+                            seen.add(st.data_ptr())
+                            total += st.nbytes()
+                except (RuntimeError, ReferenceError):
+                    continue
         return total
 
     def now(self) -> int:
@@ -263,11 +270,10 @@ class CapacityScenario(DecodeSteps):
             if b_max == 0:
                 d1, h1 = self.footprint_of(cls, settings, 1)
                 out.append((name, {**common, "batch_size": 1, "capacity_point": "max", "status": "oom",
-                                   "error": f"one request needs {d1 / GB:.3f} GB of device memory and "
-                                            f"{h1 / GB:.3f} GB of host memory; the budget holds "
-                                            f"{self.device_budget / GB:.3f} GB device (kv_budget_gb="
-                                            f"{self.c.kv_budget_gb} x {self.cfg.num_layers}/{self.model.layers} "
-                                            f"layers), {self.host_budget / GB:.3f} GB host"}))
+                                   "error": f"one request needs {_mb(d1)} of device memory and {_mb(h1)} of "
+                                            f"host memory; the budget holds {_mb(self.device_budget)} device "
+                                            f"(kv_budget_gb={self.c.kv_budget_gb} x {self.cfg.num_layers}/"
+                                            f"{self.model.layers} layers), {_mb(self.host_budget)} host"}))
                 continue
             out.append((name, {**common, "batch_size": b_max, "capacity_point": "max"}))
             for b in sorted(set(self.c.batch_sizes) - {b_max}):
