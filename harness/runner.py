@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 from backends.base import BackendInvalid, BackendUnavailable
 from harness import ceilings as ceilings_mod
-from harness import env, results
+from harness import env, progress, results
 from harness.clocks import ClockMonitor
 from harness.config import ModelConfig, backend_settings
 from harness.memory import fits, host_available_bytes
@@ -133,7 +133,7 @@ def run_backend(scn: Scenario, cfg, name: str, run: Dict) -> Tuple[Dict, List[Di
     clocks = ClockMonitor(scn.device)
     try:
         be.prefill()
-        for s in range(scn.steps):
+        for s in progress.steps(scn.steps, name, cols):
             warm = s < cfg.timing.warmup_steps
             scn.begin_step(be, s)
             for layer in range(scn.num_layers):
