@@ -198,8 +198,12 @@ def host_oom(cfg, scn: Scenario, name: str) -> Optional[str]:
     return None
 
 
-def run_point(cfg, device: torch.device, job_dir: Path, repro: str, cfg_hash: str) -> List[Dict]:
-    """Runs all backends of one point; writes result.parquet and steps.parquet atomically."""
+def run_point(cfg, device: torch.device, job_dir: Path, repro: str, cfg_hash: str,
+              invalid: Optional[Dict[str, str]] = None) -> List[Dict]:
+    """Runs all backends of one point; writes result.parquet and steps.parquet atomically.
+    ``invalid`` (backend -> reason): backends recorded as ``status=invalid`` without running (a
+    sweep's point that is invalid for some of its backends only)."""
+    invalid = invalid or {}
     model = ModelConfig(**OmegaConf.to_container(cfg.model, resolve=True))
     scn: Scenario = scenario_class(cfg.scenario)(cfg, model, device)
     names = backends_of(cfg)
@@ -214,9 +218,12 @@ def run_point(cfg, device: torch.device, job_dir: Path, repro: str, cfg_hash: st
     recorded = False
     for name, run in scn.runs(names):
         try:
-            reason = host_oom(cfg, scn, name)
-            row, srows, record = ((_failed(cfg, name, "oom", reason), [], None) if reason
-                                  else run_backend(scn, cfg, name, run))
+            if name in invalid:
+                row, srows, record = _failed(cfg, name, "invalid", invalid[name]), [], None
+            elif reason := host_oom(cfg, scn, name):
+                row, srows, record = _failed(cfg, name, "oom", reason), [], None
+            else:
+                row, srows, record = run_backend(scn, cfg, name, run)
         except Exception as e:  # recorded, and the sweep goes on
             log.error("backend %s failed:\n%s", name, traceback.format_exc())
             cols = {k: v for k, v in run.items() if k not in ("status", "error")}
