@@ -150,10 +150,6 @@ class SweepProgress(Callback):
         self.job_t0 = 0.0
         self.label = ""
 
-    def __getstate__(self) -> Dict:
-        # parallel launchers pickle the callbacks into their workers: the live bar stays here
-        return {**self.__dict__, "task": None}
-
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         self.total, self.swept = sweep_shape(config)
         self.pid, self.t0, self.done = os.getpid(), time.monotonic(), 0
@@ -211,7 +207,11 @@ class SweepProgress(Callback):
         DISPLAY.stop_live()
         DISPLAY.plain = None
         self.task = None
-        log.info("sweep: %d points in %s", self.done, duration(time.monotonic() - self.t0))
+        took = duration(time.monotonic() - self.t0)
+        if self.done == 0 and self.total:
+            log.info("sweep: %d points, run by the launcher's workers, in %s", self.total, took)
+        else:
+            log.info("sweep: %d points in %s", self.done, took)
 
 
 def steps(total: int, backend: str, run: Optional[Dict] = None) -> Iterator[int]:
