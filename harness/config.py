@@ -85,23 +85,23 @@ class TimingConfig:
 
 #: the run's own keys (besides the groups); the axes a sweep varies
 CORE_FIELDS = [
-    ("scenario", str, "decode"),        # decode | extend | ... (a group: harness.scenarios)
+    ("scenario", str, "decode"),        # kind of point: decode steps, an extend (prefill) step, or capacity under an HBM budget
     ("phase", Optional[str], None),     # old name of scenario (decode | extend)
     ("extend_len", int, 128),           # scenario=extend: new query tokens per request
-    ("backend", str, "all"),            # a registered backend (backends.BACKENDS) or all
-    ("attention_kernel", str, "triton"),
-    ("kv_dtype", str, "fp8_ds_mla"),    # fp8_ds_mla | bf16
-    ("page_size", int, 64),
-    ("top_k", int, "${model.top_k}"),
-    ("batch_size", int, "${model.batch_size}"),
-    ("context_len", int, "${model.context_len}"),
+    ("backend", str, "all"),            # serving design to run, or all (every backend on the same selection)
+    ("attention_kernel", str, "triton"),  # attention of every backend: triton (ours) or flashmla (upstream, optional extra)
+    ("kv_dtype", str, "fp8_ds_mla"),    # KV row format: fp8_ds_mla (656 B rows at dsv32) or bf16 (1152 B)
+    ("page_size", int, 64),             # tokens per KV page
+    ("top_k", int, "${model.top_k}"),   # tokens selected per query and layer
+    ("batch_size", int, "${model.batch_size}"),  # requests decoded together
+    ("context_len", int, "${model.context_len}"),  # prompt tokens before the first decode step
     ("steps", int, 6),                  # decode steps, warm-up included
     ("num_layers", int, 2),             # layers simulated per step
-    ("pattern", str, "random"),         # random | sliding_window | prefix | clustered | mixed | ...
+    ("pattern", str, "random"),         # shape of synthetic selections (selection=synthetic)
     ("step_overlap", float, 0.85),      # fraction of a layer's selection kept from the previous step
-    ("seed", int, 0),
-    ("device", str, "auto"),            # auto | cuda | cpu
-    ("overwrite", bool, False),         # re-run a job whose result.parquet already exists
+    ("seed", int, 0),                   # seed of every random input (KV, queries, selections)
+    ("device", str, "auto"),            # where kernels run: auto = cuda when present, else cpu (Triton interpreter)
+    ("overwrite", bool, False),         # re-run points whose result.parquet exists (a re-run skips them otherwise)
     ("report", bool, True),             # write the report at the end of a run / sweep
 ]
 
