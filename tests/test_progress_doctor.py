@@ -3,6 +3,7 @@ launcher's workers) and ``python -m harness.doctor`` (table, JSON, exit codes), 
 import errno
 import fcntl
 import json
+import logging
 import os
 import re
 import struct
@@ -126,6 +127,22 @@ def test_time_left_and_durations():
     assert progress.duration(245) == "4 min 05 s" and progress.duration(7380) == "2 h 03 min"
 
 
+def test_plain_step_lines_at_most_one_per_interval(monkeypatch, caplog):
+    monkeypatch.setattr(progress.DISPLAY, "plain", True)
+    monkeypatch.setattr(progress, "PLAIN_STEP_INTERVAL_S", 0.0)
+    with caplog.at_level(logging.INFO, logger="harness"):
+        assert list(progress.steps(3, "hisparse", {"batch_size": 8})) == [0, 1, 2]
+    msgs = [r.getMessage() for r in caplog.records]
+    assert len(msgs) == 2, msgs  # after steps 1 and 2; the last step is the backend's own line
+    assert re.match(r"hisparse batch 8: step 1/3, elapsed [\d.]+ s, about [\d.]+ s left$", msgs[0])
+    assert msgs[1].startswith("hisparse batch 8: step 2/3")
+    caplog.clear()
+    monkeypatch.setattr(progress, "PLAIN_STEP_INTERVAL_S", 3600.0)
+    with caplog.at_level(logging.INFO, logger="harness"):
+        assert list(progress.steps(3, "hisparse")) == [0, 1, 2]
+    assert not caplog.records  # fast steps print nothing
+
+
 def test_interactive_needs_a_terminal_and_no_ci(monkeypatch):
     class Tty:
         def isatty(self):
@@ -178,7 +195,8 @@ def test_doctor_exits_1_naming_what_the_default_run_lacks(tmp_path):
     hidden.mkdir()
     (hidden / "__init__.py").write_text("raise ImportError('hydra is hidden by the test')\n")
     r = subprocess.run([sys.executable, "-m", "harness.doctor"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+                       timeout=300, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                           [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])})
     assert r.returncode == 1, r.stdout + r.stderr
     assert "the default run cannot work" in r.stderr and "hydra.config" in r.stderr
     assert "Traceback" not in r.stderr
