@@ -36,7 +36,7 @@ import resource
 import shutil
 import sys
 from dataclasses import dataclass, field
-from importlib import import_module, metadata, util
+from importlib import metadata, util
 from typing import Dict, List, Optional
 
 SECTIONS = ("versions", "device", "triton", "hydra", "ceilings", "memory", "peers", "launchers")
