@@ -350,7 +350,7 @@ def launcher_items() -> List[Item]:
         except Exception as e:  # noqa: BLE001  (a plugin whose own dependency is missing)
             items.append(Item("launchers", name, "missing", f"{type(e).__name__}: {str(e).splitlines()[0]}", data))
             continue
-        detail = target
+        detail = target + (f" ({gpus} GPUs visible)" if "gpu" in name else "")
         status = "ok"
         if "slurm" in name and shutil.which("sbatch") is None:
             status, detail = "missing", f"{target} imports, but sbatch is not on PATH: no Slurm to submit to here"
@@ -408,11 +408,11 @@ def print_table(items: List[Item], stream=None) -> None:
         return
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text  # plain Text: details such as '.[flashmla]' are not markup
     colour = {"ok": "green", "missing": "yellow", "info": "", "problem": "bold red"}
     t = Table("section", "item", "status", "detail", title="python -m harness.doctor")
     for i in items:
-        t.add_row(i.section, i.name, f"[{colour[i.status]}]{i.status}[/]" if colour[i.status] else i.status,
-                  i.detail, end_section=False)
+        t.add_row(Text(i.section), Text(i.name), Text(i.status, style=colour[i.status]), Text(i.detail))
     Console(file=stream).print(t)
 
 

@@ -106,9 +106,10 @@ class _Display:
                                    TimeElapsedColumn)
         # time left: from the mean time per finished item since the task began (every task
         # carries it as its ``left`` field), not rich's windowed speed estimate
-        self.live = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                             TimeElapsedColumn(), TextColumn("{task.fields[left]}"),
-                             console=Console(stderr=True))
+        # markup=False: swept values such as capacity.batch_sizes=[8,32] are text, not markup
+        self.live = Progress(TextColumn("{task.description}", markup=False), BarColumn(),
+                             MofNCompleteColumn(), TimeElapsedColumn(),
+                             TextColumn("{task.fields[left]}", markup=False), console=Console(stderr=True))
         self.live.start()
         self.route_logging()
         return self.live
@@ -195,7 +196,7 @@ class SweepProgress(Callback):
         if DISPLAY.live is not None and self.task is not None:
             DISPLAY.live.update(self.task, completed=self.done, left=left)
             if failed:
-                DISPLAY.live.console.print(f"point {self.label} failed after {took}")
+                DISPLAY.live.console.print(f"point {self.label} failed after {took}", markup=False)
             DISPLAY.live.refresh()
             return
         log.info("point %s %s in %s: %s (elapsed %s%s)", self._of(self.done), "failed" if failed else "done",

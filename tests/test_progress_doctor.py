@@ -2,6 +2,7 @@
 launcher's workers) and ``python -m harness.doctor`` (table, JSON, exit codes), on the CPU."""
 import errno
 import fcntl
+import io
 import json
 import logging
 import os
@@ -59,12 +60,14 @@ def assert_points_written(sweep_dir, n):
 
 
 def test_sweep_bar_in_a_terminal(tmp_path):
-    rc, out = run_in_pty([*TINY_SWEEP, f"hydra.sweep.dir={tmp_path}"], terminal_env())
+    # a swept list value: the bar shows it as text (rich would read '[4]' as markup)
+    sweep = [a if a != "page_size=16,32" else "capacity.batch_sizes=[2],[4]" for a in TINY_SWEEP]
+    rc, out = run_in_pty([*sweep, f"hydra.sweep.dir={tmp_path}"], terminal_env())
     assert rc == 0, out[-3000:]
     assert ANSI.search(out) and "\r\x1b[2K" in out  # a redrawn bar, not lines
     text = ESCAPE.sub("", out)
     assert re.search(r" 1/2 ", text) and re.search(r" 2/2 ", text)  # the bar's i of N
-    assert "point page_size=32" in text  # the running point's swept value
+    assert "point capacity.batch_sizes=[4]" in text  # the running point's swept value
     assert "flashmla_sparse: step" in text  # the step bar under it
     assert "point 1/2:" not in text  # the plain lines are not printed beside the bar
     assert_points_written(tmp_path, 2)
@@ -188,6 +191,18 @@ def test_doctor_json_and_table():
         for name, item in rep[section].items():
             assert any(re.match(rf"{section}\s+{re.escape(name)}\s+{item['status']}\s", ln) for ln in lines), \
                 (section, name)
+
+
+def test_doctor_table_on_a_terminal_keeps_brackets():
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+    out = Tty()
+    doctor.print_table([doctor.Item("peers", "flashmla", "missing", "pip install -e '.[flashmla]'"),
+                        doctor.Item("triton", "mode", "problem", "[bold]x[/] stays text")], out)
+    text = ESCAPE.sub("", out.getvalue())
+    assert "pip install -e '.[flashmla]'" in text and "[bold]x[/] stays text" in text
+    assert re.search(r"flashmla\s*│\s*missing", text)
 
 
 def test_doctor_exits_1_naming_what_the_default_run_lacks(tmp_path):
