@@ -8,15 +8,21 @@ Layout of a run directory (one Hydra job = one configuration point)::
       .hydra/                     # Hydra's composed config and overrides
     SWEEP_DIR/<override_dirname>/result.parquet ...
 
-``load(path)`` returns one DataFrame over a job directory, a sweep, or any tree of them.
+``load(path)`` returns one DataFrame over a job directory, a sweep, or any tree of them (a
+file that cannot be read is skipped with one warning naming it); ``python -m harness.results
+compact DIR`` merges a sweep's rows into ``DIR/compact.parquet``, which ``load`` reads back.
+Every file is written to a temporary name, fsynced and renamed, so it is complete or absent.
 The meaning of every column is documented in ``results/README.md``.
 """
 from __future__ import annotations
 
+import argparse
 import os
+import sys
 import tempfile
+import warnings
 from pathlib import Path
-from typing import Dict, Iterable, List, Mapping, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import pandas as pd
 
@@ -50,6 +56,8 @@ STAGES = declared_stages()
 STAGE_TIME_COLUMNS: Dict[str, str] = {f"stage_{s}_us": "float64" for s in STAGES}
 RESULT_FILE = "result.parquet"
 STEPS_FILE = "steps.parquet"
+#: ``python -m harness.results compact DIR`` writes DIR/COMPACT_FILE
+COMPACT_FILE = "compact.parquet"
 
 #: column -> pandas dtype. Order is the order of the Parquet file.
 COLUMNS: Dict[str, str] = {
@@ -135,6 +143,7 @@ COLUMNS: Dict[str, str] = {
     "triton_version": "string",
     "gpu_name": "string",
     "hostname": "string",
+    "gpu_slot": "Int64", "cuda_visible_devices": "string",  # hydra/launcher=local_gpus slot; as the job saw it
     "repro_command": "string",
     "config_hash": "string",
     "timestamp": "string",
@@ -193,17 +202,34 @@ def _frame(rows: Iterable[Mapping], columns: Dict[str, str]) -> pd.DataFrame:
     return df
 
 
+def _fsync_dir(path: Path) -> None:
+    """Makes a rename inside directory ``path`` durable (no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _atomic_write_parquet(df: pd.DataFrame, path: Path) -> None:
+    """Writes ``df`` to a temporary file beside ``path``, fsyncs it, renames it over ``path`` and
+    fsyncs the directory: after a crash ``path`` is the old file, the new one, or absent."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
     try:
-        df.to_parquet(tmp, index=False)
+        with os.fdopen(fd, "wb") as f:
+            df.to_parquet(f, index=False)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    _fsync_dir(path.parent)
 
 
 def write_results(job_dir: str | os.PathLike, rows: List[Mapping]) -> Path:
@@ -236,26 +262,89 @@ def result_files(path: str | os.PathLike) -> List[Path]:
     return sorted(q for q in p.rglob(RESULT_FILE) if not any(s.startswith(".") for s in q.parts[len(p.parts):-1]))
 
 
-def load(path: str | os.PathLike, steps: bool = False) -> pd.DataFrame:
-    """One DataFrame over every result (or, with ``steps=True``, per-step) file under ``path``.
+class UnreadableResultWarning(UserWarning):
+    """A result file that is not valid Parquet (truncated, or not a result file at all)."""
 
-    Adds a ``job_dir`` column (the directory of each file). Raises ``FileNotFoundError`` when
-    there is nothing to load and ``SchemaError`` for a file from a newer schema version.
+
+def read_result(path: str | os.PathLike) -> Optional[pd.DataFrame]:
+    """The rows of one Parquet file, or None when it cannot be read (missing, truncated,
+    corrupt): what a resumed sweep treats as a point still to run."""
+    try:
+        return pd.read_parquet(path)
+    except Exception:  # pyarrow raises ArrowInvalid, OSError, ... for a damaged file
+        return None
+
+
+def _read_or_warn(path: Path) -> Optional[pd.DataFrame]:
+    try:
+        return pd.read_parquet(path)
+    except Exception as e:  # pyarrow raises ArrowInvalid, OSError, ... for a damaged file
+        first = (str(e).splitlines() or [""])[0]
+        warnings.warn(f"skipping unreadable {path} ({type(e).__name__}: {first}); "
+                      "a re-run of its sweep redoes that point", UnreadableResultWarning, stacklevel=3)
+        return None
+
+
+def load(path: str | os.PathLike, steps: bool = False) -> pd.DataFrame:
+    """One DataFrame over every result (or, with ``steps=True``, per-step) file under ``path``
+    (a directory tree, one result file, or a ``compact.parquet``).
+
+    Adds a ``job_dir`` column (the directory of each file; a compacted file keeps the one it
+    stored). A file that cannot be read is skipped with an ``UnreadableResultWarning`` naming
+    it. Raises ``FileNotFoundError`` when there is nothing to load and ``SchemaError`` for a
+    file from a newer schema version.
     """
     files = result_files(path)
     if not files:
         raise FileNotFoundError(f"no {RESULT_FILE} under {path}")
     frames = []
     for f in files:
-        df = pd.read_parquet(f)
+        df = _read_or_warn(f)
+        if df is None:
+            continue
         _check_schema(df, f)
         if steps:
             sf = f.parent / STEPS_FILE
             if not sf.exists():
                 continue
-            df = pd.read_parquet(sf)
-        df.insert(0, "job_dir", str(f.parent))
+            df = _read_or_warn(sf)
+            if df is None:
+                continue
+        if "job_dir" not in df.columns:
+            df.insert(0, "job_dir", str(f.parent))
         frames.append(df)
     if not frames:
-        raise FileNotFoundError(f"no {STEPS_FILE} under {path}")
+        raise FileNotFoundError(f"no readable {STEPS_FILE if steps else RESULT_FILE} under {path}")
     return pd.concat(frames, ignore_index=True)
+
+
+def compact(sweep_dir: str | os.PathLike, out: Optional[str | os.PathLike] = None) -> Tuple[Path, int]:
+    """Merges every readable result row under ``sweep_dir`` into one Parquet file (default
+    ``sweep_dir/compact.parquet``, written atomically) with its ``job_dir`` column;
+    ``load(that file)`` returns the same frame as ``load(sweep_dir)``. Returns (path, rows)."""
+    df = load(sweep_dir)
+    path = Path(out) if out is not None else Path(sweep_dir) / COMPACT_FILE
+    _atomic_write_parquet(df, path)
+    return path, len(df)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m harness.results compact DIR [--out FILE]``."""
+    ap = argparse.ArgumentParser(prog="python -m harness.results",
+                                 description="Tools for result files (harness.results).")
+    sub = ap.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("compact", help="merge a sweep's result rows into one Parquet file")
+    c.add_argument("dir", help="a sweep (or any tree of runs)")
+    c.add_argument("--out", default=None, help=f"output file (default DIR/{COMPACT_FILE})")
+    args = ap.parse_args(argv)
+    try:
+        path, n = compact(args.dir, args.out)
+    except (FileNotFoundError, SchemaError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{path}: {n} rows")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -28,9 +28,11 @@ carries no meaning.
 from __future__ import annotations
 
 import os
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Tuple
 
 import numpy as np
 
@@ -164,10 +166,25 @@ def distinct_counts(topk: np.ndarray, page_size: int) -> tuple[np.ndarray, np.nd
 
 # ----------------------------------------------------------------------------- traces
 
+class TraceError(ValueError):
+    """A trace file that cannot be replayed: unreadable, or not in the trace format."""
+
+
+def duplicate_position(topk: np.ndarray) -> Optional[Tuple[Tuple[int, ...], int]]:
+    """``(row index, position)`` of the first row of ``topk [..., top_k]`` that selects a
+    position twice, or None when every row's valid positions are distinct (-1 pads may repeat)."""
+    s = np.sort(topk, axis=-1)
+    dup = (s[..., 1:] == s[..., :-1]) & (s[..., 1:] >= 0)
+    if not dup.any():
+        return None
+    *row, k = (int(i) for i in np.argwhere(dup)[0])
+    return tuple(row), int(s[tuple(row)][k])
+
+
 @dataclass
 class Trace:
-    """A recorded selection sequence: ``topk [steps, layers, batch, top_k]`` int32 and
-    ``seq_lens [steps, batch]`` int32."""
+    """A recorded selection sequence: ``topk [steps, layers, batch, top_k]`` int32 (request-local
+    positions, -1 padded, distinct within a row) and ``seq_lens [steps, batch]`` int32."""
 
     topk: np.ndarray
     seq_lens: np.ndarray
@@ -180,11 +197,47 @@ class Trace:
         os.replace(tmp, path)
         return path
 
+    def check(self) -> None:
+        """Raises TraceError unless the arrays are in the trace format: int32, ``topk`` 4-D and
+        ``seq_lens`` 2-D, and no row selecting a position twice. Other dtypes are rejected, not
+        converted: a float or int64 trace was written by something other than ``Trace.save``
+        (convert it with ``.astype(np.int32)`` once you know its values are positions)."""
+        for name, arr, dims in (("topk", self.topk, "[steps, layers, batch, top_k]"),
+                                ("seq_lens", self.seq_lens, "[steps, batch]")):
+            if arr.dtype != np.int32:
+                raise TraceError(f"trace {name} has dtype {arr.dtype}; it must be int32 {dims} "
+                                 f"(convert with {name}.astype(np.int32) and save again)")
+        if self.topk.ndim != 4:
+            raise TraceError(f"trace topk has shape {list(self.topk.shape)}; it must be 4-D "
+                             "[steps, layers, batch, top_k]")
+        if self.seq_lens.ndim != 2:
+            raise TraceError(f"trace seq_lens has shape {list(self.seq_lens.shape)}; it must be 2-D "
+                             "[steps, batch]")
+        dup = duplicate_position(self.topk)
+        if dup is not None:
+            (step, layer, req), pos = dup
+            raise TraceError(f"trace topk selects position {pos} twice in row [step {step}, layer "
+                             f"{layer}, request {req}]; a row's positions must be distinct (-1 pads)")
+
     @staticmethod
     def load(path: str | os.PathLike) -> "Trace":
-        with np.load(path) as z:
-            missing = {"topk", "seq_lens"} - set(z.files)
-            if missing:
-                raise ValueError(f"selection.path={str(path)!r}: trace lacks arrays {sorted(missing)} "
-                                 "(needs topk [steps, layers, batch, top_k] and seq_lens [steps, batch])")
-            return Trace(topk=z["topk"], seq_lens=z["seq_lens"])
+        """Reads and checks (``check``) the trace at ``path``. Raises TraceError naming what is
+        wrong: not an .npz archive (random bytes, truncated), missing arrays, wrong dtype, ..."""
+        if not zipfile.is_zipfile(path):
+            what = "does not exist" if not Path(path).exists() else \
+                "is not an .npz archive (truncated, or not written by numpy.savez / Trace.save)"
+            raise TraceError(f"{path} {what}")
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                missing = {"topk", "seq_lens"} - set(z.files)
+                if missing:
+                    raise TraceError(f"trace lacks arrays {sorted(missing)} (needs topk "
+                                     "[steps, layers, batch, top_k] and seq_lens [steps, batch])")
+                tr = Trace(topk=z["topk"], seq_lens=z["seq_lens"])
+        except TraceError:
+            raise
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+            raise TraceError(f"{path}: cannot read its arrays ({type(e).__name__}: {e}); "
+                             "the archive is damaged") from e
+        tr.check()
+        return tr

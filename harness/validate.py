@@ -8,12 +8,12 @@ import numpy as np
 
 from backends import BACKENDS, backend_class
 from backends.attention import ATTENTION_KERNELS
-from backends.base import PHASES, ConfigError
+from backends.base import PHASES, SLOT_ALIGN, ConfigError, pool_pages
 from backends.kernels.kv_format import KV_DTYPES
 from harness.config import backend_settings
 from harness.device import DEVICES
 from harness.scenarios import SCENARIOS, scenario_class, scenario_classes
-from harness.selection import PATTERNS, SOURCES
+from harness.selection import PATTERNS, SOURCES, Trace, TraceError
 
 
 def _is_pow2(x: int) -> bool:
@@ -87,9 +87,52 @@ def resolve_phase_alias(cfg) -> None:
     cfg.scenario = cfg.phase
 
 
-def validate(cfg) -> None:
-    """Raises ConfigError for the first invalid field of a resolved run config (after resolving
-    the ``phase`` alias into ``scenario``)."""
+#: token positions, slot indices and ragged row offsets are int32 in every kernel
+INT32_LIMIT = 2 ** 31
+
+
+def check_representable(cfg) -> None:
+    """Sizes every kernel indexes with int32 must stay below 2**31: token positions
+    (``context_len`` + the tokens a point adds), the KV pool's slot indices (``batch_size`` x the
+    padded positions per request) and, for extend, the ragged buffer's rows."""
+    extend = cfg.scenario == "extend"
+    longest = (int(cfg.context_len * (1 + cfg.extend.prefix_spread)) + 1 + cfg.extend_len if extend
+               else cfg.context_len + cfg.steps)
+    added = "extend_len and extend.prefix_spread" if extend else "steps"
+    if longest >= INT32_LIMIT:
+        raise ConfigError("context_len", cfg.context_len,
+                          f"with {added} a request reaches position {longest:,}; token positions "
+                          f"are int32, so it must stay below 2**31 = {INT32_LIMIT:,}")
+    if cfg.scenario == "capacity":  # its batch comes from the memory budget (capacity.max_batch caps it)
+        return
+    slots = max(pool_pages(cfg.batch_size, longest, cfg.page_size) * cfg.page_size, SLOT_ALIGN)
+    rows = cfg.batch_size * longest if extend else slots
+    if max(slots, rows) >= INT32_LIMIT:
+        raise ConfigError("batch_size", cfg.batch_size,
+                          f"x {longest:,} positions per request gives {max(slots, rows):,} KV slots; slot "
+                          f"indices are int32, so batch_size x context_len must stay below 2**31 = "
+                          f"{INT32_LIMIT:,}")
+
+
+def check_trace_file(cfg) -> None:
+    """``selection=trace`` needs ``selection.path``, a readable trace in the format (int32
+    arrays, distinct positions per row: ``harness.selection.Trace.check``)."""
+    path = cfg.selection.path
+    if path is None or str(path).strip() == "":
+        raise ConfigError("selection.path", path, "selection=trace replays a recorded trace: give "
+                          "selection.path=FILE.npz (record one with selection.record=FILE.npz)")
+    try:
+        Trace.load(path)
+    except TraceError as e:
+        raise ConfigError("selection.path", path, f"cannot read a trace there: {e}") from None
+
+
+def validate_point(cfg) -> Dict[str, ConfigError]:
+    """Checks everything the point's backends share and raises ConfigError for the first invalid
+    field (after resolving the ``phase`` alias into ``scenario``). Returns, for each backend of
+    the point whose own joint checks fail (e.g. ``hisparse.device_buffer_size`` < ``top_k``),
+    its ConfigError: inside a sweep those backends get ``status=invalid`` rows and the others
+    run."""
     resolve_phase_alias(cfg)
     for f in CHECKED_FIELDS:
         node = cfg
@@ -113,6 +156,22 @@ def validate(cfg) -> None:
         raise ConfigError("model.num_heads", m.num_heads, "must be >= 1")
     scn = scenario_class(cfg.scenario)
     scn.check(cfg)
+    check_representable(cfg)
+    if cfg.selection.source == "trace":
+        check_trace_file(cfg)
+    errors: Dict[str, ConfigError] = {}
     for name in backends_of(cfg):
         cls, settings = backend_settings(cfg, name)
-        cls.check(settings, top_k=cfg.top_k, page_size=cfg.page_size, phase=scn.phase)
+        try:
+            cls.check(settings, top_k=cfg.top_k, page_size=cfg.page_size, phase=scn.phase)
+        except ConfigError as e:
+            errors[name] = e
+    return errors
+
+
+def validate(cfg) -> None:
+    """Raises ConfigError for the first invalid field of a resolved run config (shared fields
+    first, then each backend's joint checks): what a single run checks before any kernel."""
+    errors = validate_point(cfg)
+    if errors:
+        raise next(iter(errors.values()))

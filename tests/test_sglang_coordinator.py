@@ -105,19 +105,22 @@ def test_selection_contract():
 
 
 def test_trace_breaking_the_contract_is_invalid_before_any_kernel(tmp_path):
+    """A trace in the format (duplicates are rejected for every backend when it is read) that
+    upstream's kernel cannot take: a short request (seq_len <= device_buffer_size) with -1
+    before a valid entry."""
     steps, layers, B = 2, 1, 2
     rng = np.random.default_rng(0)
-    seq = np.array([[61, 61], [62, 62]], dtype=np.int32)
+    seq = np.array([[20, 21], [21, 22]], dtype=np.int32)   # short requests: <= D = 24
     topk = np.stack([[[rng.permutation(int(seq[s, b]))[:K] for b in range(B)]] for s in range(steps)])
     topk = topk.astype(np.int32)
-    topk[1, 0, 1, 3] = topk[1, 0, 1, 0]                 # one duplicate, step 1, batch row 1
-    Trace(topk, seq).save(tmp_path / "dup.npz")
+    topk[1, 0, 1, 3] = -1                               # a gap, step 1, batch row 1
+    Trace(topk, seq).save(tmp_path / "gap.npz")
     args = [a for a in POINT if not a.startswith(("steps", "num_layers", "batch_size", "context"))]
-    run_harness(*args, "selection=trace", f"selection.path={tmp_path}/dup.npz", "steps=2",
+    run_harness(*args, "selection=trace", f"selection.path={tmp_path}/gap.npz", "steps=2",
                 "num_layers=1", "batch_size=2", f"hydra.run.dir={tmp_path}/run")
     row = results.load(tmp_path / "run").iloc[0]
     assert row["status"] == "invalid"
-    assert "step 1, layer 0" in row["error"] and "batch row 1" in row["error"] and "twice" in row["error"]
+    assert "step 1, layer 0" in row["error"] and "batch row 1" in row["error"] and "-1 before" in row["error"]
 
 
 def test_indexer_selection_meets_the_contract_after_each_layer(tmp_path):

@@ -49,7 +49,8 @@ def test_sweep_rejected_before_any_job(tmp_path):
 
 
 def test_trace_shape_mismatch(tmp_path):
-    topk = np.zeros((3, 2, 2, 8), np.int32)
+    rng = np.random.default_rng(0)
+    topk = np.stack([rng.permutation(100)[:8] for _ in range(3 * 2 * 2)]).reshape(3, 2, 2, 8).astype(np.int32)
     seq = np.full((3, 2), 100, np.int32)
     path = Trace(topk, seq).save(tmp_path / "t.npz")
     r = _run("selection=trace", f"selection.path={path}", "steps=4", "num_layers=2", "batch_size=2",
