@@ -1,6 +1,7 @@
 """Provenance captured with every result row: code version, library versions, machine."""
 from __future__ import annotations
 
+import os
 import platform
 import socket
 import subprocess
@@ -11,6 +12,7 @@ from typing import Dict
 import torch
 
 from harness.config import ROOT
+from harness.launchers import gpu_slot
 
 
 def _git(*args: str) -> str:
@@ -21,9 +23,16 @@ def _git(*args: str) -> str:
         return ""
 
 
-@lru_cache(maxsize=None)
 def provenance(device: str) -> Dict[str, object]:
-    """git_sha, git_dirty, torch/triton versions, GPU name and host of this process."""
+    """git_sha, git_dirty, torch/triton versions, GPU name and host of this process; the GPU slot
+    it runs on under ``hydra/launcher=local_gpus`` (``harness.launchers.gpu_slot``) and its
+    ``CUDA_VISIBLE_DEVICES``."""
+    return {**_process_provenance(device), "gpu_slot": gpu_slot(),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+
+@lru_cache(maxsize=None)
+def _process_provenance(device: str) -> Dict[str, object]:
     try:
         import triton
         triton_version = triton.__version__
