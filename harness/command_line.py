@@ -164,4 +164,8 @@ def with_sweep_dir(argv: Sequence[str]) -> List[str]:
     args, unknown = get_args_parser().parse_known_args(list(argv))
     if unknown or any(a.lstrip("+").startswith("hydra.sweep.dir=") for a in argv):
         return list(argv)
-    return [*argv, f"hydra.sweep.dir={SWEEPS_ROOT}/{sweep_dir_name(args.overrides)}"]
+    extra = f"hydra.sweep.dir={SWEEPS_ROOT}/{sweep_dir_name(args.overrides)}"
+    argv = list(argv)
+    # beside the other overrides: argparse takes the positional overrides as one run of arguments
+    at = max((i for i, a in enumerate(argv) if args.overrides and a == args.overrides[-1]), default=len(argv) - 1)
+    return [*argv[: at + 1], extra, *argv[at + 1:]]

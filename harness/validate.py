@@ -106,12 +106,15 @@ def check_representable(cfg) -> None:
     if cfg.scenario == "capacity":  # its batch comes from the memory budget (capacity.max_batch caps it)
         return
     slots = max(pool_pages(cfg.batch_size, longest, cfg.page_size) * cfg.page_size, SLOT_ALIGN)
-    rows = cfg.batch_size * longest if extend else slots
-    if max(slots, rows) >= INT32_LIMIT:
+    if slots > INT32_LIMIT:  # the last slot's index is slots - 1
         raise ConfigError("batch_size", cfg.batch_size,
-                          f"x {longest:,} positions per request gives {max(slots, rows):,} KV slots; slot "
-                          f"indices are int32, so batch_size x context_len must stay below 2**31 = "
-                          f"{INT32_LIMIT:,}")
+                          f"x {longest:,} positions per request gives {slots:,} KV slots; slot indices "
+                          f"are int32, so batch_size x context_len must stay within 2**31 = {INT32_LIMIT:,}")
+    if extend and cfg.batch_size * longest >= INT32_LIMIT:  # ragged row offsets end at the total
+        raise ConfigError("batch_size", cfg.batch_size,
+                          f"x {longest:,} positions per request gives {cfg.batch_size * longest:,} ragged "
+                          f"rows; row offsets are int32, so batch_size x (context_len x (1 + "
+                          f"extend.prefix_spread) + extend_len) must stay below 2**31 = {INT32_LIMIT:,}")
 
 
 def check_trace_file(cfg) -> None:
