@@ -18,7 +18,6 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import NullLocator
 
-from .model import expected_amplification_uniform
 from .rows import num
 from .tables import BASE, COORD, OFFLOADING, AxisRoles, _py, _sort_key
 
@@ -115,6 +114,19 @@ def _ok(pb: pd.DataFrame) -> pd.DataFrame:
 
 # --------------------------------------------------------------------------- heatmap
 
+#: ratios labelled on a heatmap's colour bar where they fall inside its range
+NICE_RATIOS = (1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 2 / 3, 1, 1.5, 2, 4, 8, 16, 32, 64)
+
+
+def ratio_ticks(lim: float) -> List[float]:
+    """Colour-bar ticks (ratios) of a heatmap coloured by log2(ratio) over [-lim, lim]: both
+    ends, labelled with the ratio they stand for (so the largest cell's ratio, which sets
+    ``lim``, is on the bar), and the ``NICE_RATIOS`` inside, less those within 0.25 (in log2)
+    of an end."""
+    inner = [r for r in NICE_RATIOS if abs(np.log2(r)) < lim - 0.25]
+    return [2.0 ** -lim, *inner, 2.0 ** lim]
+
+
 def ratio_heatmaps(trade: Optional[pd.DataFrame], roles: AxisRoles, other: str = COORD) -> FigureSet:
     """Heatmap of ``other`` / flashmla_sparse median latency over page_size x top_k, one panel
     per pattern; one figure per combination of the other varying axes. ``trade``: the pair's
@@ -169,10 +181,9 @@ def ratio_heatmaps(trade: Optional[pd.DataFrame], roles: AxisRoles, other: str =
             ax.set_visible(False)
         if im is not None:
             cb = fig.colorbar(im, ax=list(axes[:len(pats)]), shrink=0.9)
-            nice = [r for r in (1 / 16, 1 / 8, 1 / 4, 1 / 2, 2 / 3, 1, 1.5, 2, 4, 8, 16)
-                    if abs(np.log2(r)) <= lim + 1e-9]
-            cb.set_ticks(np.log2(nice))
-            cb.set_ticklabels([f"{t:.2g}" for t in nice])
+            ticks = ratio_ticks(lim)
+            cb.set_ticks(np.log2(ticks))
+            cb.set_ticklabels([f"{t:.2g}" for t in ticks])
             cb.set_label(f"latency {other} / {BASE}\n(<1: {other} faster, >1: {BASE} faster)")
         fig.suptitle(f"Decode layer step latency ratio, {other} / {BASE}"
                      + (f"\n{_label(vals)}" if vals else ""))
@@ -246,18 +257,19 @@ def latency_vs_topk(pb: pd.DataFrame, roles: AxisRoles) -> FigureSet:
 
 # --------------------------------------------------------------------------- amplification
 
-def _pow2_between(lo: float, hi: float) -> np.ndarray:
-    a, b = int(np.floor(np.log2(lo))), int(np.ceil(np.log2(hi)))
-    return 2.0 ** np.arange(a, b + 1)
-
-
 def amplification_vs_page(pb: pd.DataFrame, roles: AxisRoles) -> FigureSet:
     """Page amplification (tokens in the pages touched / tokens selected) vs page size, per
-    pattern, with the uniform-random expectation E[pages]*P/k as the upper bound and 1x as the
-    ideal; the offloading designs' loaded amplification (tokens loaded / tokens selected, after
+    pattern, beside two lines computed from the rows' own lengths (``tables.derive``): the upper
+    bound no selection can exceed, min(P, P x context pages / tokens selected)
+    (``model.page_amplification_bound``: a touched page holds at least one selected token, and no
+    more pages are touched than the context has, decode tokens included; the line is the largest
+    bound of the panel's rows at each page size), and the uniform-random expectation E[pages] x
+    P / k at the same lengths (not a bound: random selections scatter around it); 1x is the
+    ideal. The offloading designs' loaded amplification (tokens loaded / tokens selected, after
     their hot buffers; the connector's resident pages load nothing) as hollow markers. One panel
     per top-k, one figure per context length."""
-    fs = FigureSet("amplification", "Page amplification vs page size, with the uniform-random bound")
+    fs = FigureSet("amplification", "Page amplification vs page size, with its upper bound and the "
+                   "uniform-random expectation")
     d = pb[pb["status"].isin(["ok", "incorrect"])] if pb is not None and not pb.empty else pd.DataFrame()
     if d.empty or not np.isfinite(num(d["amp_pages"])).any():
         fs.note = "needs rows with pages_touched and tokens_selected"
@@ -271,10 +283,14 @@ def amplification_vs_page(pb: pd.DataFrame, roles: AxisRoles) -> FigureSet:
         axes = fig.subplots(nr, nc, squeeze=False).ravel()
         for ax, (kv, ksub) in zip(axes, ks):
             k = int(_py(ksub["top_k"].iloc[0]))
-            pages = num(ksub["page_size"])
-            grid = _pow2_between(max(1.0, pages.min()), max(2.0, pages.max()))
-            ax.plot(grid, [expected_amplification_uniform(N, k, int(P)) for P in grid], "k--",
-                    label="uniform-random expectation (bound)")
+            by_page = ksub.groupby(num(ksub["page_size"]))
+            bound = by_page["amp_pages_bound"].max()
+            ax.plot(bound.index, bound.values.astype(float), "-", color="0.45", lw=2,
+                    label="upper bound: each selected token on its own page, at most the context")
+            uniform = by_page["amp_pages_uniform"].median()
+            if np.isfinite(uniform.values.astype(float)).any():
+                ax.plot(uniform.index, uniform.values.astype(float), "k--",
+                        label="uniform-random expectation")
             ax.axhline(1.0, color="k", linestyle=":", label="ideal (1x)")
             for i, (pv, psub) in enumerate(_split(ksub, ["pattern"])):
                 name = psub["pattern"].iloc[0] if "pattern" in psub else "selection"
@@ -288,7 +304,7 @@ def amplification_vs_page(pb: pd.DataFrame, roles: AxisRoles) -> FigureSet:
                         ax.plot(loaded.index, loaded.values, mark, mfc="none", color=f"C{i}",
                                 label=f"{name}: loaded by {fam} (median over variants)")
             ax.set_xscale("log", base=2)
-            _value_ticks(ax, grid)
+            _value_ticks(ax, bound.index)
             ax.set_yscale("log")
             ax.set_xlabel("page size (tokens)")
             ax.set_ylabel("tokens moved / tokens selected (x)")
@@ -297,7 +313,7 @@ def amplification_vs_page(pb: pd.DataFrame, roles: AxisRoles) -> FigureSet:
             ax.legend(fontsize=7)
         for ax in axes[len(ks):]:
             ax.set_visible(False)
-        fig.suptitle(f"Page amplification vs page size (context {N} tokens)")
+        fig.suptitle(f"Page amplification vs page size (prompt {N} tokens, plus the decode steps)")
         fs.figures.append((f"amplification__context_len={N}", fig))
     return fs
 
@@ -348,32 +364,62 @@ def stage_breakdown(pb: pd.DataFrame, roles: AxisRoles) -> FigureSet:
 
 # --------------------------------------------------------------------------- hit rate
 
+#: the axes a hit-rate line may run over, in order of preference
+HIT_RATE_AXES = ("device_buffer_size", "step_overlap", "top_k")
+
+
+def _tied(df: pd.DataFrame, col: str, x: str) -> bool:
+    """True when ``col`` takes one value per (family, ``x``) in ``df`` (e.g. the default
+    device_buffer_size = 2 x top_k): a function of ``x``, not a separate line."""
+    if col not in df.columns:
+        return True
+    return bool((df.groupby(["family", num(df[x])])[col].nunique(dropna=False) <= 1).all())
+
+
+def _hit_rate_axis(hs: pd.DataFrame, roles: AxisRoles):
+    """(x, line columns, figure columns) of the first ``HIT_RATE_AXES`` axis along which some
+    line (design, the other axes, the connector's resident_fraction) has two or more points;
+    ``None`` when every line would be a single point."""
+    variants = [a for f in OFFLOADING for a in roles.variants.get(f, [])]
+    for x in HIT_RATE_AXES:
+        if len({_py(v) for v in hs[x]}) < 2:
+            continue
+        free = [c for c in HIT_RATE_AXES if c != x
+                and not (x == "top_k" and c == "device_buffer_size" and _tied(hs, c, x))]
+        line_cols = _varying(hs, ["family", *free, "resident_fraction"])
+        other = [c for c in dict.fromkeys(list(roles.cell) + variants)
+                 if c not in (*HIT_RATE_AXES, "pattern", "batch_size", "resident_fraction")]
+        lines = [ls for _, fs in _split(hs, other) for _, ls in _split(fs, line_cols)]
+        if any(len({_py(v) for v in ls[x]}) >= 2 for ls in lines):
+            return x, line_cols, other
+    return None
+
+
 def hit_rate(pb: pd.DataFrame, roles: AxisRoles) -> FigureSet:
     """Hit rate of the offloading designs (hisparse; hisparse_connector, whose resident pages
-    count as hits) vs device_buffer_size (lines per design, step_overlap, top-k and the
-    connector's resident_fraction) or, when the buffer size does not vary, vs step_overlap; one
-    panel per pattern."""
-    fs = FigureSet("hit_rate", "Hit rate of the offloading designs vs device buffer size and step overlap")
+    count as hits) as lines over the first swept axis a line can run along: device_buffer_size,
+    else step_overlap, else top-k (where the buffer follows top-k, e.g. its default 2 x top-k,
+    the line runs over top-k with the buffer tied to it). One line per design and per value of
+    the other axes and the connector's resident_fraction; one panel per pattern, one figure per
+    combination of the other varying axes (e.g. page_size). A run where every line would be one
+    point gets no figure and a note saying so."""
+    fs = FigureSet("hit_rate", "Hit rate of the offloading designs over the swept buffer size, "
+                   "step overlap or top-k")
     ok = _ok(pb)
     hs = ok[ok["family"].isin(OFFLOADING)] if not ok.empty else ok
     if hs.empty or not np.isfinite(num(hs["hit_rate"])).any():
         fs.note = "needs hisparse or hisparse_connector rows with a hit rate"
         return fs
     hs = hs[np.isfinite(num(hs["hit_rate"]))]
-    vary = _varying(hs, ["device_buffer_size", "step_overlap"])
-    if not vary:
-        fs.note = "needs a sweep over device_buffer_size or step_overlap"
+    axis = _hit_rate_axis(hs, roles)
+    if axis is None:
+        fs.note = ("every line would be a single point: the run sweeps none of "
+                   f"{', '.join(HIT_RATE_AXES)} at fixed other settings of a design")
         return fs
-    x = vary[0]
-    line_cols = _varying(hs, ["family"] + [c for c in ("step_overlap", "top_k", "resident_fraction") if c != x])
-    variants = [a for f in OFFLOADING for a in roles.variants.get(f, [])]
-    other = [c for c in dict.fromkeys(list(roles.cell) + variants)
-             if c not in (x, "pattern", "step_overlap", "top_k", "batch_size", "resident_fraction")]
+    x, line_cols, other = axis
     combos = [(v, s) for v, s in _split(hs, other) if len({_py(x) for x in s[x]}) >= 2]
-    if not combos:
-        fs.note = f"no slice of the run has two or more values of {x}"
-        return fs
     dropped = len(_split(hs, other)) - len(combos)
+    tied = x == "top_k" and "device_buffer_size" not in line_cols and _varying(hs, ["device_buffer_size"])
     for vals, sub in _cap(fs, combos):
         pats = _split(sub, ["pattern"])
         nr, nc = _grid(len(pats))
@@ -384,12 +430,13 @@ def hit_rate(pb: pd.DataFrame, roles: AxisRoles) -> FigureSet:
                 g = ls.groupby(num(ls[x]))["hit_rate"].median()
                 ax.plot(g.index, g.values.astype(float), "o-", color=f"C{i}",
                         label=_label(lv) or str(ls["family"].iloc[0]))
-            if x == "device_buffer_size":
+            if x == "step_overlap":
+                ax.set_xlabel("step_overlap (fraction of top-k shared with the previous step)")
+            else:
                 ax.set_xscale("log", base=2)
                 _value_ticks(ax, ps[x])
-                ax.set_xlabel("device_buffer_size (tokens per request per layer)")
-            else:
-                ax.set_xlabel("step_overlap (fraction of top-k shared with the previous step)")
+                ax.set_xlabel("device_buffer_size (tokens per request per layer)" if x != "top_k"
+                              else "top-k (tokens)" + ("; device_buffer_size follows top-k" if tied else ""))
             ax.set_ylabel("hit rate (fraction already on GPU)")
             ax.set_ylim(0, 1.02)
             ax.set_title(_label(pv) or "hit rate")

@@ -6,11 +6,28 @@ Units used throughout this module:
 * bytes in bytes; bandwidths in GB/s with 1 GB = 1e9 B;
 * compute in FLOP and TFLOP/s with 1 TFLOP = 1e12 FLOP.
 
-**Page bound.** If ``k`` of ``N`` token positions are chosen uniformly at random, a page of
-``P`` positions is untouched with probability C(N-P, k)/C(N, k), so the expected number of pages
-touched is (N/P) * (1 - C(N-P, k)/C(N, k)) (``expected_pages_uniform``). The ratio of binomials
-is the product prod_{i<P} (N-k-i)/(N-i), summed here in log space with ``log1p`` so it stays
-exact to rounding for N in the millions.
+**Page amplification** is ``amp_pages`` = pages touched x P / tokens selected (both summed over
+a row's measured layer steps and requests; P = page size): the tokens a page-granular loader
+without a cache moves per selected token, every touched page counted whole.
+
+*Upper bound* (``page_amplification_bound``), for any selection: in one layer step of one
+request, each touched page holds at least one selected token, so pages <= tokens, and no more
+pages are touched than the context has, pages <= ceil(n / P) for n tokens in the context. Summed
+over the row, pages <= min(tokens, context pages), hence
+
+    amp_pages <= min(P, P * context pages / tokens selected),
+
+where *context pages* = sum over measured steps, layers and requests of ceil(n / P), n counting
+the decode tokens added after the prompt (``rows.decode_seq_lens``).
+
+*Uniform-random expectation* (``expected_pages_uniform``, ``expected_amplification_uniform``): if
+``k`` of ``N`` token positions are chosen uniformly at random, a page of ``P`` positions is
+untouched with probability C(N-P, k)/C(N, k), so the expected number of pages touched is
+(N/P) * (1 - C(N-P, k)/C(N, k)). This is what a random selection touches on average, not a bound:
+a sample of random selections scatters around it, and a selection more spread out than random
+(at most one token per page) lies above it. The
+ratio of binomials is the product prod_{i<P} (N-k-i)/(N-i), summed here in log space with
+``log1p`` so it stays exact to rounding for N in the millions.
 
 **Roofline.** For one decode layer step of the whole batch, each stage the backend runs is
 modelled as
@@ -62,7 +79,7 @@ import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Dict, Mapping, Optional, Sequence
+from typing import Dict, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import pandas as pd
@@ -126,12 +143,12 @@ def _log_untouched(N: float, k: float, size: float) -> float:
 
 
 def _touched(N: int, k: int, P: int) -> tuple:
-    """(expected touched full pages, probability the partial last page is touched, its size)."""
+    """(expected touched full pages, probability the partial last page is touched)."""
     k = min(k, N)
     full, rest = divmod(N, P)
     e_full = full * -math.expm1(_log_untouched(N, k, P)) if full else 0.0
     e_rest = -math.expm1(_log_untouched(N, k, rest)) if rest else 0.0
-    return e_full, e_rest, rest
+    return e_full, e_rest
 
 
 def expected_pages_uniform(N: int, k: int, P: int) -> float:
@@ -146,21 +163,35 @@ def expected_pages_uniform(N: int, k: int, P: int) -> float:
         raise ValueError("page size must be positive")
     if N <= 0 or k <= 0:
         return 0.0
-    e_full, e_rest, _ = _touched(N, k, P)
+    e_full, e_rest = _touched(N, k, P)
     return e_full + e_rest
 
 
-def expected_amplification_uniform(N: int, k: int, P: int) -> float:
-    """Tokens in the pages touched by a uniform-random top-k, divided by min(k, N)
-    (dimensionless): E[pages] * P / k when P divides N, the bytes a page-granular loader with no
-    cache moves per selected byte."""
-    N, k, P = int(N), int(k), int(P)
+def expected_amplification_uniform(N: Union[int, Sequence[int]], k: int, P: int) -> float:
+    """Expected page amplification of a uniform-random top-``k`` (dimensionless): P x expected
+    pages touched / tokens selected, every touched page counted whole, as ``amp_pages`` counts
+    it. ``N``: the context length, or one per measured step of a row (``rows.decode_seq_lens``),
+    giving P * sum_n E[pages(n)] / sum_n min(k, n). NaN when nothing is selected."""
+    lens = [int(n) for n in (N if isinstance(N, (Sequence, np.ndarray)) else [N])]
+    k, P = int(k), int(P)
     if P <= 0:
         raise ValueError("page size must be positive")
-    if N <= 0 or k <= 0:
+    selected = sum(min(k, n) for n in lens if n > 0)
+    if selected <= 0:
         return float("nan")
-    e_full, e_rest, rest = _touched(N, k, P)
-    return (e_full * P + e_rest * rest) / min(k, N)
+    return P * sum(expected_pages_uniform(n, k, P) for n in lens) / selected
+
+
+def page_amplification_bound(context_pages: float, tokens_selected: float, P: float) -> float:
+    """The largest ``amp_pages`` any selection can have (dimensionless): min(P, P *
+    context_pages / tokens_selected) (module doc); ``context_pages`` and ``tokens_selected``
+    summed over the same layer steps and requests. P alone when ``context_pages`` is unknown
+    (NaN); NaN when nothing is selected."""
+    if not tokens_selected > 0:
+        return float("nan")
+    if math.isnan(context_pages):
+        return float(P)
+    return float(min(P, P * context_pages / tokens_selected))
 
 
 # --------------------------------------------------------------------------- ceilings

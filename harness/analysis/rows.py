@@ -5,7 +5,8 @@ A *row* is one results row as a mapping column -> value (a dict, or a pandas Ser
 """
 from __future__ import annotations
 
-from typing import Mapping, Union
+import math
+from typing import Mapping, Optional, Union
 
 import numpy as np
 import pandas as pd
@@ -67,3 +68,19 @@ def measured_layer_steps(rows: Union[Mapping, pd.DataFrame]) -> Union[float, pd.
     per = np.where(np.isfinite(per) & (per > 0), per, n_samples)
     per = np.where(np.isfinite(per) & (per > 0), per, np.nan)
     return pd.Series(per, index=rows.index, dtype="float64") if frame else float(per)
+
+
+def decode_seq_lens(row: Mapping) -> Optional[np.ndarray]:
+    """int64 ``[measured steps]``: the tokens every request holds at each measured decode step of
+    a synthetic decode row, ``context_len + s + 1`` for ``s`` in ``[warmup_steps, steps)`` (the
+    prompt plus the decode tokens added after it, ``harness.workload``). ``None`` where the row
+    does not fix them: extend rows (each query row sees its own seeded prefix), replayed traces
+    (lengths from the trace file), or rows missing ``context_len`` / ``steps``."""
+    phase, sel = row.get("phase"), row.get("selection")
+    if (not is_missing(phase) and phase != "decode") or (not is_missing(sel) and sel == "trace"):
+        return None
+    ctx, steps, warm = number(row, "context_len"), number(row, "steps"), number(row, "warmup_steps")
+    warm = 0.0 if math.isnan(warm) else warm
+    if math.isnan(ctx) or math.isnan(steps) or steps <= warm:
+        return None
+    return int(ctx) + 1 + np.arange(int(warm), int(steps), dtype=np.int64)

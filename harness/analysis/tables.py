@@ -24,7 +24,8 @@ import pandas as pd
 from backends import backend_classes
 from backends.indexer_select import VARIANT_AXES as SELECT_VARIANT_AXES
 
-from .rows import family, is_missing, measured_layer_steps, num, number
+from .model import expected_amplification_uniform, page_amplification_bound
+from .rows import decode_seq_lens, family, is_missing, measured_layer_steps, num, number
 
 BASE = "flashmla_sparse"   #: the vLLM-style path (full KV resident in HBM)
 COORD = "hisparse"         #: the coordinator path (KV in host memory, hot buffer on the GPU)
@@ -98,8 +99,14 @@ def derive(df: pd.DataFrame) -> pd.DataFrame:
     per layer step); ``hbm_MB``, ``h2d_MB``, ``selected_MB`` (MB per layer step);
     ``amp_hbm`` = bytes_hbm_read / bytes_selected, ``amp_h2d`` = bytes_h2d / bytes_selected,
     ``amp_pages`` = pages_touched * page_size / tokens_selected (a page-granular loader without
-    cache), ``amp_loaded`` = tokens_loaded / tokens_selected; ``page_coverage`` = pages touched
-    per request per step / ceil(context_len / page_size).
+    cache), ``amp_loaded`` = tokens_loaded / tokens_selected; ``context_pages`` = the pages of the
+    requests' contexts summed like ``pages_touched`` (ceil(n / page_size) per measured layer step
+    and request, n = the prompt plus the decode tokens added after it, ``rows.decode_seq_lens``);
+    ``page_coverage`` = pages_touched / context_pages (<= 1); ``amp_pages_bound`` = the largest
+    amp_pages any selection can have, ``amp_pages_uniform`` = a uniform-random selection's
+    expectation at the same lengths (``model.page_amplification_bound``,
+    ``model.expected_amplification_uniform``). Rows whose lengths the row does not fix (extend,
+    replayed traces) have no context_pages, coverage or expectation, and the bound page_size.
     """
     d = df.copy()
     d["family"] = d["backend"].map(family) if "backend" in d else None
@@ -119,8 +126,18 @@ def derive(df: pd.DataFrame) -> pd.DataFrame:
     d["amp_h2d"] = div(d["bytes_h2d"], d["bytes_selected"])
     d["amp_pages"] = div(num(d["pages_touched"]) * num(d["page_size"]), d["tokens_selected"])
     d["amp_loaded"] = div(d["tokens_loaded"], d["tokens_selected"])
-    ctx_pages = np.ceil(num(d["context_len"]) / num(d["page_size"]))
-    d["page_coverage"] = div(d["pages_touched_per_req"], ctx_pages)
+    recs = d.to_dict("records")
+    lens = [decode_seq_lens(r) for r in recs]
+    pages, layers, batch = num(d["page_size"]), num(d["num_layers"]), num(d["batch_size"])
+    per_step_pages = pd.Series([float(np.ceil(n / p).sum()) if n is not None and p > 0 else np.nan
+                                for n, p in zip(lens, pages)], index=d.index)
+    d["context_pages"] = per_step_pages * layers * batch
+    d["page_coverage"] = div(d["pages_touched"], d["context_pages"])
+    d["amp_pages_bound"] = [page_amplification_bound(c, t, p) for c, t, p in
+                            zip(d["context_pages"], num(d["tokens_selected"]), pages)]
+    d["amp_pages_uniform"] = [expected_amplification_uniform(n, int(k), int(p))
+                              if n is not None and k > 0 and p > 0 else np.nan
+                              for n, k, p in zip(lens, num(d["top_k"]), pages)]
     return d
 
 

@@ -9,8 +9,9 @@
 * index conversion: ``convert_req_index_to_global_index`` vs vLLM's Triton kernel
   (``vllm_convert_req_index_to_global_index``) where ``vllm`` imports, B=128, top_k=2048,
   page 64 (``max_rel_err`` = fraction of wrong slots).
-* swap-in: our coordinator vs SGLang's own kernel on identical pools and selections
-  (``harness/bench/swap_in_peer.py``).
+* swap-in: our coordinator vs SGLang's own kernel alone on identical pools and selections;
+  SGLang's call through our adapter (canonicalising sort + kernel) is a second row, compared
+  with the kernel too (``harness/bench/swap_in_peer.py``).
 
 Rows are timed as Python calls (the timer hides launch overhead behind a GPU spin). A peer
 that is not installed or has no GPU gives rows with ``status`` unavailable, a shape it does

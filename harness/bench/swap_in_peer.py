@@ -6,7 +6,10 @@ The cases of ``harness.bench.swap_in`` (``all_misses``, ``all_hits``, ``steady_s
 with three rows: ours; ``<peer>_call``, the peer's full call (our canonicalising sort of the
 selection, which lets upstream's kernel take any input, then the kernel); ``<peer>_kernel``,
 upstream's kernel alone on the canonical selection (what SGLang runs: its top-k is already
-valid and distinct), which is our row's peer. ``steady_state`` runs in lockstep: our steps run
+valid and distinct). The comparison is against the kernel: our row's ``peer`` is
+``<peer>_kernel`` and ``ratio_to_peer`` = ours / kernel (the ratio ``BENCHMARKS.md`` tabulates);
+the call row is compared with the kernel too (``ratio_to_peer`` = call / kernel: what the sort
+adds), and each case prints one line naming both ratios of ours, to the kernel and to the call. ``steady_state`` runs in lockstep: our steps run
 free first (checked against nothing but the host rows; states recorded), then every call of
 either side starts, in its untimed set-up, from our state before the same step, so both do the
 same hits, misses and bytes. Checks: each side's device rows behind its returned slots against
@@ -39,6 +42,18 @@ def peer_check(peer: SGLangHiSparsePeer, reqs: Sequence[int], sel: torch.Tensor,
     return exact(row_error(peer.pools, reqs, sel.cpu().numpy(), out), mismatch)
 
 
+def comparison_line(ours: Dict, call: Dict, kernel: Dict) -> str:
+    """``ours / <kernel> = r (the comparison); ours / <call> = r (call = our canonicalising sort
+    + the kernel)``, each ratio of median latencies, ``n/a`` unless both rows are ok."""
+    def ratio(row: Dict, peer: Dict) -> str:
+        if row["status"] == peer["status"] == "ok":
+            return f"{row['latency_us_median'] / peer['latency_us_median']:.2f}"
+        return f"n/a ({row['kernel']} {row['status']}, {peer['kernel']} {peer['status']})"
+    return (f"ours / {kernel['kernel']} = {ratio(ours, kernel)} (the comparison); "
+            f"ours / {call['kernel']} = {ratio(ours, call)} "
+            "(call = our canonicalising sort + the kernel)")
+
+
 class Pair:
     """Ours and the peer on identical pools: ``ours`` and ``pools`` are two coordinators with the
     same host KV and hot buffers; ``peer`` drives ``pools`` (None when it cannot be built:
@@ -62,11 +77,14 @@ class Pair:
 
     def measure(self, ours_fn, peer_fn, kernel_fn, setups, checks, cols: Dict) -> None:
         """Ours, the peer's call and upstream's kernel alone (``setups``/``checks``: one each);
-        our row's peer is the kernel alone."""
+        ours and the call are compared with the kernel alone (module doc)."""
         ours = self.run.measure(ours_fn, setup=setups[0], check=checks[0],
                                 kernel="swap_in_selected_pages", copy_engine="uva_kernel", **cols)
-        self._peer_row("call", peer_fn, setups[1], checks[1], cols)
-        self.run.compare(ours, self._peer_row("kernel", kernel_fn, setups[2], checks[2], cols))
+        call = self._peer_row("call", peer_fn, setups[1], checks[1], cols)
+        kernel = self._peer_row("kernel", kernel_fn, setups[2], checks[2], cols)
+        self.run.compare(ours, kernel)
+        self.run.compare(call, kernel)
+        print(f"[{self.run.bench}] {cols['case']}: {comparison_line(ours, call, kernel)}", flush=True)
 
     def _peer_row(self, what: str, fn, setup, check, cols: Dict) -> Dict:
         kernel = f"{self.name}_{what}"
