@@ -378,15 +378,17 @@ def _tied(df: pd.DataFrame, col: str, x: str) -> bool:
 
 def _hit_rate_axis(hs: pd.DataFrame, roles: AxisRoles):
     """(x, line columns, figure columns) of the first ``HIT_RATE_AXES`` axis along which some
-    line (design, the other axes, the connector's resident_fraction) has two or more points;
-    ``None`` when every line would be a single point."""
+    line (design, and the other axes and the connector's resident_fraction where they vary
+    within a design) has two or more points; ``None`` when every line would be a single point."""
     variants = [a for f in OFFLOADING for a in roles.variants.get(f, [])]
     for x in HIT_RATE_AXES:
         if len({_py(v) for v in hs[x]}) < 2:
             continue
         free = [c for c in HIT_RATE_AXES if c != x
                 and not (x == "top_k" and c == "device_buffer_size" and _tied(hs, c, x))]
-        line_cols = _varying(hs, ["family", *free, "resident_fraction"])
+        line_cols = _varying(hs, ["family"]) + [
+            c for c in (*free, "resident_fraction")
+            if any(_varying(g, [c]) for _, g in hs.groupby("family"))]
         other = [c for c in dict.fromkeys(list(roles.cell) + variants)
                  if c not in (*HIT_RATE_AXES, "pattern", "batch_size", "resident_fraction")]
         lines = [ls for _, fs in _split(hs, other) for _, ls in _split(fs, line_cols)]
