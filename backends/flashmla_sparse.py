@@ -4,7 +4,9 @@ sparse attention kernel, which gathers just those rows. Nothing outside attentio
 sparsity: no host traffic, no hits or misses.
 
 Decode stages: ``transform`` (request-local positions -> global slots; skipped when a fused
-top-k + PAGED transform hands over slots), ``attention``.
+top-k + PAGED transform hands over slots), ``attention``. ``converter=vllm`` runs the transform
+through vLLM's own Triton kernel, staged from the vllm wheel (``backends/kernels/vllm_peer.py``),
+after checking it equals ours on a random selection of the point's shape.
 
 Extend (prefill) stages, as vLLM's prefill path runs them (``scenario=extend``; the workload is
 ``harness.scenarios.extend.ExtendWorkload``):
@@ -27,12 +29,13 @@ Extend (prefill) stages, as vLLM's prefill path runs them (``scenario=extend``; 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
 import torch
 
 from backends.attention import resolve_attention
-from backends.base import Backend, BackendInvalid, KVLayout
+from backends.base import Backend, BackendInvalid, BackendUnavailable, KVLayout
 from backends.kernels.index_convert import convert_req_index_to_global_index
 from backends.kernels.indexer import indexer_logits_ragged
 from backends.kernels.ragged_gather import ragged_gather
@@ -40,8 +43,47 @@ from backends.kernels.topk import plan_build_count
 from backends.kernels.topk_transform import IndexerMetadata
 
 
+#: ``flashmla_sparse.converter`` values: ours, or vLLM's own kernel staged from its wheel
+CONVERTERS = ("triton", "vllm")
+
+
+@dataclass
+class FlashMLASparseSettings:
+    """``flashmla_sparse.*``."""
+
+    converter: str = "triton"   # transform stage: triton (ours) | vllm (vLLM's kernel, backends/kernels/vllm_peer.py)
+
+
+def make_vllm_converter(req_ids: torch.Tensor, block_table: torch.Tensor, page_size: int,
+                        top_k: int, max_pos: int, seed: int) -> Callable:
+    """vLLM's staged conversion kernel as ``(req, block_table, positions, page_size) -> slots``,
+    after checking that it equals ours on a seeded random selection of this point's shape
+    (positions in ``[-1, max_pos)``). BackendUnavailable when not staged; BackendInvalid when
+    ``top_k`` is not a multiple of its 128-column tile or the outputs differ."""
+    from backends.kernels.flashmla_peer import PeerUnavailable
+    from backends.kernels.vllm_peer import BLOCK_N, vllm_convert_req_index_to_global_index
+    if top_k % BLOCK_N:
+        raise BackendInvalid(f"converter=vllm: vLLM's kernel needs top_k to be a multiple of {BLOCK_N}, got {top_k}")
+    dev = block_table.device
+    g = torch.Generator(device=dev).manual_seed(seed)
+    pos = torch.randint(-1, max_pos, (req_ids.shape[0], top_k), generator=g, device=dev, dtype=torch.int32)
+    try:
+        theirs = vllm_convert_req_index_to_global_index(req_ids, block_table, pos, page_size)
+    except PeerUnavailable as e:
+        raise BackendUnavailable(f"converter=vllm: {e}") from e
+    ours = convert_req_index_to_global_index(req_ids, block_table, pos, page_size)
+    if not torch.equal(theirs, ours):
+        raise BackendInvalid(f"converter=vllm: vLLM's kernel disagrees with ours on "
+                             f"{int((theirs != ours).sum())} of {ours.numel()} slots")
+    return vllm_convert_req_index_to_global_index
+
+
 class FlashMLASparseBackend(Backend):
     name = "flashmla_sparse"
+    settings = FlashMLASparseSettings
+    choices = {"converter": CONVERTERS}
+    columns = {"converter": "string"}
+    variant_axes = ("converter",)
     stages = ("transform", "attention")
     extend_stages = ("gather", "indexer", "topk", "attention")
     phases = ("decode", "extend")
@@ -61,6 +103,13 @@ class FlashMLASparseBackend(Backend):
         else:
             self.req_ids = workload.request_ids()
             rows = workload.kv_flat(0)
+        self.convert: Callable = convert_req_index_to_global_index
+        if settings is not None and settings.converter == "vllm":
+            if workload.phase == "extend":
+                raise BackendInvalid("converter=vllm: the extend step has no conversion stage")
+            self.convert = make_vllm_converter(
+                self.req_ids, workload.block_table, workload.page_size, workload.top_k,
+                int(workload.seq_lens.max()), workload.seed)
         self.attention: Callable = resolve_attention(attention_kernel, dev, m.num_heads, m.d_qk, m.d_v, rows)
 
     # ---- decode ---------------------------------------------------------------------------
@@ -70,7 +119,7 @@ class FlashMLASparseBackend(Backend):
                      ) -> Tuple[torch.Tensor, torch.Tensor]:
         wl = self.wl
         if slots is None:
-            slots = timer.run("transform", lambda: convert_req_index_to_global_index(
+            slots = timer.run("transform", lambda: self.convert(
                 self.req_ids, wl.block_table, positions, wl.page_size))
         return timer.run("attention", lambda: self.attention(
             q, wl.kv_flat(layer), slots, wl.model.sm_scale, d_v=wl.model.d_v))

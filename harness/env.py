@@ -11,6 +11,7 @@ from typing import Dict
 
 import torch
 
+from backends.kernels.flashmla_peer import flashmla_build
 from harness.config import ROOT
 from harness.launchers import gpu_slot
 
@@ -24,7 +25,7 @@ def _git(*args: str) -> str:
 
 
 def provenance(device: str) -> Dict[str, object]:
-    """git_sha, git_dirty, torch/triton versions, GPU name and host of this process; the GPU slot
+    """git_sha, git_dirty, torch/triton versions, the FlashMLA build (``flashmla_peer.flashmla_build``: distribution, version, commit or "none"), GPU name and host of this process; the GPU slot
     it runs on under ``hydra/launcher=local_gpus`` (``harness.launchers.gpu_slot``) and its
     ``CUDA_VISIBLE_DEVICES``."""
     return {**_process_provenance(device), "gpu_slot": gpu_slot(),
@@ -47,6 +48,7 @@ def _process_provenance(device: str) -> Dict[str, object]:
         "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")) if sha != "unknown" else None,
         "torch_version": torch.__version__,
         "triton_version": triton_version,
+        "flashmla_build": flashmla_build(),
         "gpu_name": gpu,
         "hostname": socket.gethostname(),
     }

@@ -67,6 +67,7 @@ COLUMNS: Dict[str, str] = {
     "attention_kernel": "string",
     "model": "string",
     "kv_dtype": "string",
+    "kv_scale_format": "string",
     "kv_row_bytes": "Int64",
     "page_size": "Int64",
     "top_k": "Int64",
@@ -136,11 +137,20 @@ COLUMNS: Dict[str, str] = {
     "max_rel_err": "float64",
     "max_lse_err": "float64",
     "tolerance": "float64",
+    # wall time of the backend's run (seconds, host clock): set-up (pools, host KV, prefill),
+    # the first step (Triton compilation, warm-up), the other steps (timed work, checks,
+    # bookkeeping), the final check and the teardown
+    "setup_s": "float64",
+    "first_step_s": "float64",
+    "later_steps_s": "float64",
+    "final_check_s": "float64",
+    "teardown_s": "float64",
     # provenance
     "git_sha": "string",
     "git_dirty": "boolean",
     "torch_version": "string",
     "triton_version": "string",
+    "flashmla_build": "string",   # harness.env.flashmla_build: distribution version commit, or none
     "gpu_name": "string",
     "hostname": "string",
     "gpu_slot": "Int64", "cuda_visible_devices": "string",  # hydra/launcher=local_gpus slot; as the job saw it

@@ -29,7 +29,7 @@ from harness.scenarios.base import LayerInputs, Scenario
 from harness.selection import Trace, distinct_counts
 from backends.base import COUNT_KEYS
 from harness.summary import add_counts, correctness, empty_sums, summarize
-from harness.timing import StageTimer, UntimedStages
+from harness.timing import StageTimer, UntimedStages, WallClock
 from harness.validate import backends_of
 
 log = logging.getLogger("harness")
@@ -46,6 +46,7 @@ def point_columns(cfg, device: torch.device, repro: str, cfg_hash: str) -> Dict:
         "attention_kernel": cfg.attention_kernel,
         "model": cfg.model.name,
         "kv_dtype": cfg.kv_dtype,
+        "kv_scale_format": cfg.kv_scale_format,
         "kv_row_bytes": row_bytes(cfg.kv_dtype, cfg.model.d_nope, cfg.model.d_rope),
         "page_size": cfg.page_size, "top_k": cfg.top_k, "batch_size": cfg.batch_size,
         "context_len": cfg.context_len,
@@ -110,6 +111,7 @@ def run_backend(scn: Scenario, cfg, name: str, run: Dict) -> Tuple[Dict, List[Di
     if cfg.timing.cuda_graph and scn.graphs_supported():
         return failed("invalid", scn.graphs_supported())
     timer = StageTimer(scn.device, cold_l2=cfg.timing.cold_l2, launch_shield_us=cfg.timing.launch_shield_us)
+    wall = WallClock(scn.device)
     try:
         be = scn.open_backend(cls, settings, run)
     except BackendInvalid as e:
@@ -133,6 +135,7 @@ def run_backend(scn: Scenario, cfg, name: str, run: Dict) -> Tuple[Dict, List[Di
     clocks = ClockMonitor(scn.device)
     try:
         be.prefill()
+        wall.lap("setup_s")
         for s in progress.steps(scn.steps, name, cols):
             warm = s < cfg.timing.warmup_steps
             scn.begin_step(be, s)
@@ -162,7 +165,9 @@ def run_backend(scn: Scenario, cfg, name: str, run: Dict) -> Tuple[Dict, List[Di
                     sums["tokens_selected"] += int(tok.sum())
                     sums["pages_touched"] += int(pages.sum())
                     add_counts(sums, counts)
+            wall.lap("first_step_s" if s == 0 else "later_steps_s")
         deferred = scn.final_check(be)
+        wall.lap("final_check_s")
         if deferred is not None:
             max_err, max_lse = deferred
     except BackendInvalid as e:
@@ -173,6 +178,8 @@ def run_backend(scn: Scenario, cfg, name: str, run: Dict) -> Tuple[Dict, List[Di
     finally:
         row.update(scn.backend_columns(be))
         scn.close_backend(be)
+        wall.lap("teardown_s")
+        row.update(wall.laps)
     row.update(clocks.columns())
     if row["throttled"]:
         log.warning("%s: SM clock fell to %.0f MHz during the measured steps (max %.0f): throttled",
@@ -235,9 +242,12 @@ def run_point(cfg, device: torch.device, job_dir: Path, repro: str, cfg_hash: st
             recorded = True
         rows.append({**base, **row})
         step_rows += srows
-        log.info("%-16s %-9s %s median %9.1f us  err %.2e  %s", name, rows[-1]["status"], scn.name,
-                 rows[-1].get("latency_us_median", float("nan")), rows[-1].get("max_rel_err") or float("nan"),
-                 rows[-1].get("error") or "")
+        r = rows[-1]
+        log.info("%-16s %-9s %s median %9.1f us  err %.2e  (set-up %.1f s, first step %.1f s, "
+                 "other steps %.1f s)  %s", name, r["status"], scn.name,
+                 r.get("latency_us_median", float("nan")), r.get("max_rel_err") or float("nan"),
+                 r.get("setup_s", float("nan")), r.get("first_step_s", float("nan")),
+                 r.get("later_steps_s", float("nan")), r.get("error") or "")
         if device.type == "cuda":
             torch.cuda.empty_cache()
     results.write_steps(job_dir, step_rows)

@@ -57,6 +57,25 @@ class L2Flusher:
 CYCLES_PER_US = 2000
 
 
+class WallClock:
+    """Host wall time of the phases of a backend's run, in seconds: ``lap(name)`` adds the time
+    since the previous lap (or since construction) to ``laps[name]`` (a name given again, e.g.
+    once per step, accumulates). On the GPU a lap first waits for the device, so work enqueued
+    in a phase is counted in it."""
+
+    def __init__(self, device: torch.device | str = "cpu"):
+        self.cuda = is_cuda(device)
+        self.laps: Dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        self.laps[name] = self.laps.get(name, 0.0) + now - self._last
+        self._last = now
+
+
 class StageTimer:
     """Times the stages of one decode layer step.
 

@@ -9,7 +9,7 @@ import numpy as np
 from backends import BACKENDS, backend_class
 from backends.attention import ATTENTION_KERNELS
 from backends.base import PHASES, SLOT_ALIGN, ConfigError, pool_pages
-from backends.kernels.kv_format import KV_DTYPES
+from backends.kernels.kv_format import KV_DTYPES, KV_SCALE_FORMATS
 from harness.config import backend_settings
 from harness.device import DEVICES
 from harness.scenarios import SCENARIOS, scenario_class, scenario_classes
@@ -36,6 +36,7 @@ CHOICES = {
     "pattern": PATTERNS,
     "backend": tuple(sorted(BACKENDS)) + ("all",),
     "kv_dtype": KV_DTYPES,
+    "kv_scale_format": KV_SCALE_FORMATS,
     "device": DEVICES,
     "attention_kernel": ATTENTION_KERNELS,
     "selection.source": SOURCES,

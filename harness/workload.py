@@ -46,10 +46,13 @@ KV_SOURCES = ("pool", "per_request", "none")
 
 
 def _kv_rows(model: ModelConfig, kv_dtype: str, gen: torch.Generator, n: int,
-             device: torch.device) -> torch.Tensor:
-    """``n`` seeded random KV rows in the pool format: bf16 ``[n, d_qk]`` or fp8_ds_mla bytes."""
+             device: torch.device, scale_format: str = "raw") -> torch.Tensor:
+    """``n`` seeded random KV rows in the pool format: bf16 ``[n, d_qk]`` or fp8_ds_mla bytes
+    (tile scales in ``scale_format``, ``kv_format.KV_SCALE_FORMATS``)."""
     kv = torch.randn(n, model.d_qk, generator=gen, device=device).to(torch.bfloat16)
-    return kv_format.quantize_fp8_ds_mla(kv, d_nope=model.d_nope) if kv_dtype == "fp8_ds_mla" else kv
+    if kv_dtype != "fp8_ds_mla":
+        return kv
+    return kv_format.quantize_fp8_ds_mla(kv, d_nope=model.d_nope, scale_format=scale_format)
 
 
 def kv_pool_bytes(num_layers: int, batch_size: int, max_positions: int, page_size: int,
@@ -75,11 +78,12 @@ class Workload:
     block_table: torch.Tensor     # int32 [batch, pages_per_request] (device)
     kv_pools: Tuple[torch.Tensor, ...]  # per layer [num_pages, page_size, row]
     phase: str = "decode"
+    kv_scale_format: str = "raw"  # fp8_ds_mla tile scales: pow2 | raw (kv_format.KV_SCALE_FORMATS)
 
     @classmethod
     def build(cls, *, model: ModelConfig, device: torch.device, kv_dtype: str, page_size: int,
               seq_lens: np.ndarray, topk: Optional[np.ndarray], top_k: int, num_layers: int,
-              seed: int, kv: str = "pool") -> "Workload":
+              seed: int, kv: str = "pool", kv_scale_format: str = "raw") -> "Workload":
         """Allocates the block table (a seeded permutation of the pool's pages) and the KV.
 
         ``kv``: ``"pool"`` fills each layer's device pool with seeded random KV in one draw;
@@ -96,14 +100,14 @@ class Workload:
         block_table = perm[: batch * per_req].view(batch, per_req).contiguous()
         wl = cls(model=model, device=device, kv_dtype=kv_dtype, page_size=page_size,
                  seq_lens=seq_lens, topk=topk, top_k=top_k, num_layers=num_layers, seed=seed,
-                 block_table=block_table, kv_pools=())
+                 block_table=block_table, kv_pools=(), kv_scale_format=kv_scale_format)
         if kv == "none":
             return wl
         pools = []
         for layer in range(num_layers):
             if kv == "pool":
                 rows = _kv_rows(model, kv_dtype, seeded_generator(device, seed, 2, layer),
-                                n_pages * page_size, device)
+                                n_pages * page_size, device, kv_scale_format)
             else:
                 rows = torch.empty(n_pages * page_size, wl.row_width, dtype=wl.row_dtype, device=device)
                 for r in range(batch):
@@ -166,7 +170,7 @@ class Workload:
         """The seeded KV rows of ``request`` at every position ``[max_positions, row]`` (pool
         dtype), one stream per (layer, request): what ``kv="per_request"`` / ``"none"`` serve."""
         return _kv_rows(self.model, self.kv_dtype, self.generator(7, layer, request),
-                        self.max_positions, self.device)
+                        self.max_positions, self.device, self.kv_scale_format)
 
     def slots_of(self, request: int, n: int) -> torch.Tensor:
         """Global slots int64 ``[n]`` of positions ``0 .. n-1`` of ``request``."""

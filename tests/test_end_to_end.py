@@ -1,4 +1,5 @@
 """End to end on the CPU: a Hydra multirun into a temporary directory, results, report, resume."""
+import time
 from pathlib import Path
 
 import numpy as np
@@ -9,13 +10,16 @@ from cli import run_harness
 from backends import BACKENDS
 from harness import results
 
+ELAPSED = {}   # sweep directory -> seconds the sweep's process ran
 SMALL = ["context_len=200", "steps=3", "timing.warmup_steps=1", "num_layers=2", "batch_size=2"]
 
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     d = tmp_path_factory.mktemp("sweep")
+    t0 = time.perf_counter()
     run_harness("-m", "page_size=16,64", "top_k=32,64", *SMALL, f"hydra.sweep.dir={d}")
+    ELAPSED[d] = time.perf_counter() - t0
     return d
 
 
@@ -38,6 +42,16 @@ def test_sweep_writes_one_row_per_point_and_backend(sweep):
     for c in results.COLUMNS:
         assert c in df.columns
     assert df["repro_command"].str.startswith("python -m harness").all()
+
+
+def test_rows_split_each_backends_wall_time(sweep):
+    """setup_s / first_step_s / later_steps_s / final_check_s / teardown_s: every phase of every
+    backend was timed (positive), and, being laps of one clock run one backend after another,
+    all of them together fit inside the sweep process's own run time."""
+    df = results.load(sweep)
+    phases = ["setup_s", "first_step_s", "later_steps_s", "final_check_s", "teardown_s"]
+    assert (df[phases] > 0).all().all(), df[phases]
+    assert df[phases].to_numpy().sum() < ELAPSED[sweep]
 
 
 def test_steps_table_matches_summary(sweep):

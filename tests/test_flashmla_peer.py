@@ -100,3 +100,20 @@ def test_flashmla_matches_reference_gpu(fmt, b, h, k, n):
     assert (lse[fin] - ref_lse[fin]).abs().max().item() < 0.05
     masked = ~fin.all(-1)
     assert out[masked].float().abs().max().item() == 0.0  # fully masked rows: out 0
+
+
+def test_flashmla_build_recorded(tmp_path, monkeypatch):
+    """The build string comes from distribution metadata: name, version, the PEP 610 commit."""
+    import json
+    import sys
+    from harness.env import provenance
+    assert fp.flashmla_build() == provenance("cpu")["flashmla_build"]
+    dist = tmp_path / "sgl_flash_mla-9.8.7.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: sgl-flash-mla\nVersion: 9.8.7\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert fp.flashmla_build() == "sgl-flash-mla 9.8.7 commit=unknown"
+    (dist / "direct_url.json").write_text(json.dumps(
+        {"url": "https://github.com/sgl-project/FlashMLA", "vcs_info": {"vcs": "git", "commit_id": "ab" * 20}}))
+    assert fp.flashmla_build() == f"sgl-flash-mla 9.8.7 commit={'ab' * 20}"
+    assert sys.path[0] == str(tmp_path)

@@ -85,6 +85,42 @@ def test_bad_gpus_exits_2_before_any_point(tmp_path, gpus):
     assert not list(tmp_path.rglob(results.RESULT_FILE))
 
 
+GPU_SWEEP = ["-m", "page_size=16,64", "top_k=64,128", "device=cuda", "model=tiny",
+             "context_len=512", "steps=3", "timing.warmup_steps=1", "num_layers=1",
+             "batch_size=4", "backend=flashmla_sparse,hisparse", "report=false"]
+GPU_SAME = SAME + ["hits", "misses", "tokens_loaded", "bytes_h2d"]
+
+
+@pytest.mark.gpu
+def test_local_gpus_on_the_gpus_gives_the_sequential_rows(tmp_path):
+    """On a GPU machine: every visible GPU a slot; the rows equal the sequential launcher's
+    (decisions, counts, config hash), each point on a slot, pinned to that slot's GPU when
+    there are several; more slots than GPUs exits 2 before any point."""
+    import torch
+    n = torch.cuda.device_count()
+    seq = harness(*GPU_SWEEP, f"hydra.sweep.dir={tmp_path / 'seq'}", timeout=600)
+    assert seq.returncode == 0, seq.stderr[-3000:]
+    par = harness(*GPU_SWEEP, f"hydra.sweep.dir={tmp_path / 'par'}", "hydra/launcher=local_gpus",
+                  timeout=600)
+    assert par.returncode == 0, par.stderr[-3000:]
+    a, b = rows(tmp_path / "seq"), rows(tmp_path / "par")
+    a = a.set_index("backend", append=True).sort_index()
+    b = b.set_index("backend", append=True).sort_index()
+    assert len(a) == 8 and list(a.index) == list(b.index)
+    assert set(a["status"]) == {"ok"}
+    pd.testing.assert_frame_equal(a[GPU_SAME], b[GPU_SAME])
+    assert f"over {n} slot(s)" in par.stdout
+    assert set(b["gpu_slot"]) <= set(range(n)) and b["gpu_slot"].notna().all()
+    if n > 1:   # workers pinned: each row saw only its slot's GPU
+        visible = launchers.visible_gpus()
+        for slot, dev in zip(b["gpu_slot"], b["cuda_visible_devices"]):
+            assert dev == visible[int(slot)]
+    too_many = harness(*GPU_SWEEP, f"hydra.sweep.dir={tmp_path / 'bad'}",
+                       "hydra/launcher=local_gpus", f"hydra.launcher.gpus={n + 1}", timeout=300)
+    assert too_many.returncode == 2 and "hydra.launcher.gpus" in too_many.stderr
+    assert not list((tmp_path / "bad").rglob(results.RESULT_FILE))
+
+
 def test_plan_slots():
     d = Path("/sweep")
     assert plan_slots(None, d, None) == SlotPlan(1, None, d / ".gpu_slots")

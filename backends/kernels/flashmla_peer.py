@@ -23,6 +23,24 @@ import torch
 
 from backends.kernels.kv_format import kv_dtype_of
 
+
+def flashmla_build() -> str:
+    """``"<distribution> <version> commit=<sha|unknown>"`` of the installed FlashMLA, or
+    "none" (metadata only; the same string ``harness.env`` records on every row)."""
+    import json
+    from importlib import metadata
+    for name in ("sgl-flash-mla", "flash-mla", "flash_mla"):
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        try:
+            commit = json.loads(dist.read_text("direct_url.json") or "{}").get("vcs_info", {}).get("commit_id")
+        except (ValueError, AttributeError):
+            commit = None
+        return f"{dist.metadata['Name']} {dist.version} commit={commit or 'unknown'}"
+    return "none"
+
 BLOCK = 64           # rows per block of the fp8 cache view
 DECODE_TOPK_TILE = 64
 PREFILL_TOPK_TILE = 128
@@ -104,12 +122,13 @@ class FlashMLAAttention:
         try:
             import flash_mla  # noqa: F401  (optional extra)
         except Exception as e:  # ImportError, or a loader error of the compiled ops
-            raise PeerUnavailable(f"sgl-flash-mla is not importable ({type(e).__name__}: {e}); "
-                                  "install the extra: pip install -e '.[flashmla]'") from e
+            raise PeerUnavailable(f"sgl-flash-mla is not importable ({type(e).__name__}: {e}; "
+                                  f"installed build: {flashmla_build()}); install the extra: "
+                                  "pip install -e '.[flashmla]'") from e
         self.fm = flash_mla
         has_legacy = getattr(flash_mla, "has_legacy", lambda: False)()
         if not has_legacy:
-            raise PeerUnavailable("this sgl-flash-mla build has no SM90 (legacy) ops")
+            raise PeerUnavailable(f"this FlashMLA build ({flashmla_build()}) has no SM90 (legacy) ops")
         self._meta: Dict[tuple, object] = {}
 
     def __call__(self, q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor,

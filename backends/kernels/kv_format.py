@@ -25,9 +25,20 @@ Two row formats (``KV_DTYPES``):
     ``+ 2 * d_rope``      ``d_rope`` bfloat16 values       copied bit-exactly from the input
     ====================  ==============================  =====================================
 
-    ``scale_g = max(amax_g / 448, FP8_SCALE_FLOOR)`` stored as a raw float32 (not rounded to a
-    power of two), where ``amax_g`` is the largest magnitude in tile ``g``; dequantised
-    value = ``fp8 * scale_g``. DeepSeek-V3.2 (512, 64) gives 512 + 16 + 128 = 656 B; a tiny
+    ``scale_g`` is a float32 multiplier (dequantised value = ``fp8 * scale_g``) computed from
+    ``amax_g``, the largest magnitude in tile ``g``, in one of two forms (``KV_SCALE_FORMATS``;
+    every kernel reads the stored float32 as a plain multiplier, so either works everywhere):
+
+    ``"pow2"``
+        ``2 ** ceil(log2(max(amax_g / 448, 1e-4)))``: a power of two, as FlashMLA's reference
+        quantizer writes it (``tests/quant.py`` of deepseek-ai/FlashMLA, ``quantize_k_cache`` with
+        ``_cast_scale_inv_to_ue8m0``). The exponent is taken exactly (``frexp``), not through a
+        float ``log2``. An all-zero tile gets ``2 ** -13``.
+    ``"raw"`` (default)
+        ``max(amax_g / 448, FP8_SCALE_FLOOR)`` unrounded, as vLLM's cache writer stores it
+        (``concat_and_cache_ds_mla_kernel`` in vllm ``csrc/cache_kernels.cu``: ``fmaxf(max_abs /
+        kFp8ScaleDivisor, FLT_MIN)``); the tile maximum maps to exactly +-448.
+ DeepSeek-V3.2 (512, 64) gives 512 + 16 + 128 = 656 B; a tiny
     model (256, 64) gives 256 + 8 + 128 = 392 B. ``d_nope`` must be a positive multiple of 128
     and ``d_rope`` even, so that every row (and therefore every scale) is 4-byte aligned.
 """
@@ -38,6 +49,8 @@ from typing import Tuple
 import torch
 
 KV_DTYPES = ("bf16", "fp8_ds_mla")
+#: how ``fp8_ds_mla`` tile scales are formed (module doc)
+KV_SCALE_FORMATS = ("pow2", "raw")
 
 #: values per fp32 scale in ``fp8_ds_mla``
 FP8_TILE = 128
@@ -45,6 +58,27 @@ FP8_TILE = 128
 FP8_MAX = 448.0
 #: floor of a tile scale (vLLM uses FLT_MIN): an all-zero tile gets this scale, not 0
 FP8_SCALE_FLOOR = float(torch.finfo(torch.float32).tiny)
+#: floor of ``amax / 448`` before rounding up to a power of two (FlashMLA's ``clamp_min(1e-4)``)
+FP8_POW2_FLOOR = 1e-4
+
+
+def _check_scale_format(scale_format: str) -> None:
+    if scale_format not in KV_SCALE_FORMATS:
+        raise ValueError(f"scale_format must be one of {KV_SCALE_FORMATS}, got {scale_format!r}")
+
+
+def tile_scales(amax: torch.Tensor, scale_format: str = "raw") -> torch.Tensor:
+    """float32 tile scales from tile maxima ``amax`` (float32, any shape, >= 0), in
+    ``scale_format`` (module doc): ``"pow2"`` ``2 ** ceil(log2(max(amax / 448, 1e-4)))``,
+    ``"raw"`` ``max(amax / 448, FP8_SCALE_FLOOR)``."""
+    _check_scale_format(scale_format)
+    s = amax.float() / FP8_MAX
+    if scale_format == "raw":
+        return torch.clamp(s, min=FP8_SCALE_FLOOR)
+    s = torch.clamp(s, min=FP8_POW2_FLOOR)
+    mant, exp = torch.frexp(s)                       # s = mant * 2**exp, mant in [0.5, 1)
+    exp = torch.where(mant == 0.5, exp - 1, exp)     # an exact power of two stays itself
+    return torch.ldexp(torch.ones_like(s), exp)
 
 
 def _check_dims(kv_dtype: str, d_nope: int, d_rope: int) -> None:
@@ -110,17 +144,19 @@ def fp8_ds_mla_views(rows: torch.Tensor, d_nope: int, d_rope: int
     return rows, rows.view(torch.float32), rows.view(torch.bfloat16)
 
 
-def quantize_fp8_ds_mla(kv: torch.Tensor, d_nope: int = 512) -> torch.Tensor:
+def quantize_fp8_ds_mla(kv: torch.Tensor, d_nope: int = 512, *,
+                        scale_format: str = "raw") -> torch.Tensor:
     """Quantizes bf16 KV rows into ``fp8_ds_mla`` rows.
 
     Args:
         kv: ``[N, d_nope + d_rope]`` torch.bfloat16, any device.
         d_nope: NoPE width (positive multiple of 128); the remaining ``d_rope`` columns are
             the rope part (even, may be 0).
+        scale_format: ``"pow2"`` or ``"raw"`` tile scales (module doc, ``tile_scales``).
 
     Returns:
         ``[N, row_bytes("fp8_ds_mla", d_nope, d_rope)]`` torch.uint8 on ``kv``'s device.
-        Per 128-value tile: ``scale = max(amax / 448, FP8_SCALE_FLOOR)`` (raw fp32),
+        Per 128-value tile: ``scale = tile_scales(amax, scale_format)`` (fp32),
         values ``clamp(x / scale, -448, 448)`` rounded to nearest-even float8_e4m3fn;
         rope bytes are the bf16 input bytes unchanged.
     """
@@ -134,13 +170,14 @@ def quantize_fp8_ds_mla(kv: torch.Tensor, d_nope: int = 512) -> torch.Tensor:
     if isinstance(d_nope, int) and d_rope < 0:
         raise ValueError(f"kv has {kv.shape[1]} columns, fewer than d_nope={d_nope}")
     _check_dims("fp8_ds_mla", d_nope, d_rope)
+    _check_scale_format(scale_format)
     n = kv.shape[0]
     g = d_nope // FP8_TILE
     scales_start, rope_start, rb = fp8_ds_mla_offsets(d_nope, d_rope)
 
     nope = kv[:, :d_nope].float().reshape(n, g, FP8_TILE)
     amax = nope.abs().amax(dim=-1)                                   # [N, G]
-    scale = torch.clamp(amax / FP8_MAX, min=FP8_SCALE_FLOOR)         # [N, G] fp32
+    scale = tile_scales(amax, scale_format)                          # [N, G] fp32
     vals = torch.clamp(nope / scale.unsqueeze(-1), -FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
 
     rows = torch.empty((n, rb), dtype=torch.uint8, device=kv.device)
@@ -185,16 +222,19 @@ def kv_dtype_of(kv_cache: torch.Tensor) -> str:
                      f"rows), got {kv_cache.dtype}")
 
 
-def make_kv_cache(kv: torch.Tensor, kv_dtype: str, d_nope: int = 512) -> torch.Tensor:
+def make_kv_cache(kv: torch.Tensor, kv_dtype: str, d_nope: int = 512, *,
+                  scale_format: str = "raw") -> torch.Tensor:
     """Stores bf16 KV rows ``[N, d_nope + d_rope]`` in ``kv_dtype``.
 
-    ``"bf16"``: a contiguous copy, ``[N, d_qk]`` bfloat16. ``"fp8_ds_mla"``:
-    :func:`quantize_fp8_ds_mla`, ``[N, row_bytes]`` uint8.
+    ``"bf16"``: a contiguous copy, ``[N, d_qk]`` bfloat16 (``scale_format`` is still checked
+    but unused). ``"fp8_ds_mla"``: :func:`quantize_fp8_ds_mla` with ``scale_format``,
+    ``[N, row_bytes]`` uint8.
     """
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
+    _check_scale_format(scale_format)
     if kv_dtype == "fp8_ds_mla":
-        return quantize_fp8_ds_mla(kv, d_nope)
+        return quantize_fp8_ds_mla(kv, d_nope, scale_format=scale_format)
     if not isinstance(kv, torch.Tensor) or kv.dtype != torch.bfloat16 or kv.dim() != 2:
         raise ValueError("kv must be a 2-D torch.bfloat16 tensor [N, d_nope + d_rope]")
     return kv.contiguous().clone()

@@ -6,9 +6,10 @@
   KV pool and slot table (the ``attention`` bench's pools and sizes, default variant); both
   checked against ``harness.reference.sparse_mla_decode_ref`` (``max_rel_err`` of the output;
   ours also its lse).
-* index conversion: ``convert_req_index_to_global_index`` vs vLLM's Triton kernel
-  (``vllm_convert_req_index_to_global_index``) where ``vllm`` imports, B=128, top_k=2048,
-  page 64 (``max_rel_err`` = fraction of wrong slots).
+* index conversion: ``convert_req_index_to_global_index`` vs vLLM's own Triton kernel
+  (``sparse_mla_index_remap_kernel``, staged from the vllm wheel into ``.peer_build/vllm`` by
+  ``python -m backends.kernels.vllm_peer stage``; unavailable rows when not staged), B=128,
+  top_k=2048, page 64 (``max_rel_err`` = fraction of wrong slots).
 * swap-in: our coordinator vs SGLang's own kernel alone on identical pools and selections;
   SGLang's call through our adapter (canonicalising sort + kernel) is a second row, compared
   with the kernel too (``harness/bench/swap_in_peer.py``).
@@ -65,8 +66,9 @@ def attention_peers(run: BenchRun) -> None:
 
 
 def convert_peers(run: BenchRun) -> None:
-    """Request-local positions -> global slots at B=128, top_k=2048, page 64 (quick: 2, 96, 16)."""
-    B, K, P, pages = (2, 96, 16, 16) if run.quick else (128, 2048, 64, 512)
+    """Request-local positions -> global slots at B=128, top_k=2048, page 64 (quick: 2, 128, 16;
+    vLLM's kernel takes top_k in 128-column tiles)."""
+    B, K, P, pages = (2, 128, 16, 16) if run.quick else (128, 2048, 64, 512)
     dev = run.device
     g = torch.Generator(device=dev).manual_seed(0)
     bt = torch.randperm(B * pages, generator=g, device=dev).to(torch.int32).view(B, pages)

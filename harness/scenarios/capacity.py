@@ -320,6 +320,7 @@ class CapacityScenario(DecodeSteps):
         self.wl = Workload.build(model=self.model, device=self.device, kv_dtype=cfg.kv_dtype,
                                  page_size=cfg.page_size, seq_lens=seq_lens, topk=topk, top_k=cfg.top_k,
                                  num_layers=cfg.num_layers, seed=cfg.seed,
+                                 kv_scale_format=cfg.kv_scale_format,
                                  kv="per_request" if cls.device_kv else "none")
         self.topk_dev = torch.from_numpy(topk).to(self.device) if topk is not None else None
         be = super().open_backend(cls, settings, run)

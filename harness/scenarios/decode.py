@@ -239,7 +239,8 @@ class DecodeScenario(DecodeSteps):
         try:
             self.wl = Workload.build(model=self.model, device=dev, kv_dtype=cfg.kv_dtype,
                                      page_size=cfg.page_size, seq_lens=seq_lens, topk=topk,
-                                     top_k=cfg.top_k, num_layers=cfg.num_layers, seed=cfg.seed)
+                                     top_k=cfg.top_k, num_layers=cfg.num_layers, seed=cfg.seed,
+                                     kv_scale_format=cfg.kv_scale_format)
         except (torch.OutOfMemoryError, MemoryError) as e:
             return f"KV pool ({need / 2**30:.1f} GiB) does not fit: {str(e).splitlines()[0]}"
         self.topk_dev = torch.from_numpy(topk).to(dev) if topk is not None else None

@@ -191,14 +191,14 @@ class ExtendWorkload:
     def build(cls, model: ModelConfig, device: torch.device, *, kv_dtype: str, page_size: int,
               top_k: int, num_layers: int, seed: int, batch_size: int, context_len: int,
               extend_len: int, shared_prefix: float = 0.5, group_size: int = 2,
-              prefix_spread: float = 0.25) -> "ExtendWorkload":
+              prefix_spread: float = 0.25, kv_scale_format: str = "raw") -> "ExtendWorkload":
         """Draws the lengths, allocates and fills the paged caches (seeded)."""
         prefix, shared, group_of = extend_lengths(context_len, batch_size, page_size,
                                                   shared_prefix, group_size, prefix_spread, seed)
         total = prefix + extend_len
         pool = Workload.build(model=model, device=device, kv_dtype=kv_dtype, page_size=page_size,
                               seq_lens=total[None, :].astype(np.int32), topk=None, top_k=top_k,
-                              num_layers=num_layers, seed=seed)
+                              num_layers=num_layers, seed=seed, kv_scale_format=kv_scale_format)
         bt, used = shared_block_table(total, shared, group_of, page_size, pool.num_pages, seed)
         caches = []
         # seeded as backends.indexer_select does for decode; every slot (unused ones too, so
@@ -418,7 +418,8 @@ class ExtendScenario(Scenario):
                 self.model, self.device, kv_dtype=cfg.kv_dtype, page_size=cfg.page_size,
                 top_k=cfg.top_k, num_layers=cfg.num_layers, seed=cfg.seed, batch_size=cfg.batch_size,
                 context_len=cfg.context_len, extend_len=cfg.extend_len, shared_prefix=e.shared_prefix,
-                group_size=e.group_size, prefix_spread=e.prefix_spread)
+                group_size=e.group_size, prefix_spread=e.prefix_spread,
+                kv_scale_format=cfg.kv_scale_format)
         except (torch.OutOfMemoryError, MemoryError) as ex:
             return f"extend caches do not fit: {str(ex).splitlines()[0]}"
         self.row_lens = self.ew.row_lengths()
