@@ -124,15 +124,18 @@ def k_pad(top_k: int) -> int:
 
 
 def metadata_bytes(*, batch: int, max_pages: int, state_rows: int, top_k: int,
-                   device_buffer_size: int, num_layers: int, num_counts: int) -> int:
+                   device_buffer_size: int, num_layers: int, num_counts: int,
+                   page_size: int) -> int:
     """Device bytes of the bookkeeping: residency and host tables ``[batch, max_pages]`` and hot
     state ``[batch]`` (int32), per layer slot map and LRU ``[state_rows, D]`` (int32), output
     rows ``[batch, top_k]`` (int32) and counts ``[batch, num_counts]`` (int64), and one miss plan
-    ``[state_rows, 1 + 2 top_k]`` and scratch ``[state_rows, 3 k_pad + D]`` (int32)."""
+    ``[state_rows, 1 + 2 top_k]`` and resolve scratch ``[state_rows, 2 k_pad + 2 D + max_pages *
+    page_size]`` (int32; ``backends.kernels.swap_in.resolve_scratch_width``)."""
     D, L = device_buffer_size, num_layers
     return (_I32 * (2 * batch * max_pages + batch)
             + L * (_I32 * 2 * state_rows * D + _I32 * batch * top_k + _I64 * batch * num_counts)
-            + _I32 * state_rows * (1 + 2 * top_k + 3 * k_pad(top_k) + D))
+            + _I32 * state_rows * (1 + 2 * top_k + 2 * k_pad(top_k) + 2 * D
+                                   + max_pages * page_size))
 
 
 def connector_layout(max_positions: Sequence[int], *, top_k: int, page_size: int, row_bytes: int,
@@ -153,7 +156,7 @@ def connector_layout(max_positions: Sequence[int], *, top_k: int, page_size: int
     host_rows = int(spilled.sum()) * page_size
     meta = metadata_bytes(batch=len(n), max_pages=int(n.max(initial=0)), state_rows=max(hot, 1),
                           top_k=top_k, device_buffer_size=device_buffer_size,
-                          num_layers=num_layers, num_counts=num_counts)
+                          num_layers=num_layers, num_counts=num_counts, page_size=page_size)
     return ConnectorLayout(pages=n, resident=resident, resident_pages=budget, total_pages=total,
                            hot_requests=hot, hot_base=budget * page_size, hot_stride=stride,
                            pool_rows=pool_rows, host_rows=host_rows,
@@ -179,7 +182,8 @@ def max_resident_pages(budget_bytes: int, max_positions: Sequence[int], *, top_k
     pool = num_layers * (-(-rows // POOL_ROW_ALIGN) * POOL_ROW_ALIGN) * row_bytes
     meta = np.array([metadata_bytes(batch=len(n), max_pages=int(n.max(initial=0)), state_rows=max(h, 1),
                                     top_k=top_k, device_buffer_size=device_buffer_size,
-                                    num_layers=num_layers, num_counts=num_counts)
+                                    num_layers=num_layers, num_counts=num_counts,
+                                    page_size=page_size)
                      for h in range(len(n) + 1)], dtype=np.int64)
     fits = np.nonzero(pool + meta[first] <= budget_bytes)[0]
     return total - int(fits[0]) if fits.size else -1

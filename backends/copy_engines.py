@@ -7,8 +7,9 @@ A *miss plan* (written on the device by ``resolve_swap_in_kernel``) is int32
 ``unit_rows`` consecutive rows on both sides (1 in token mode, ``page_size`` in page mode).
 
 * ``uva_kernel`` (default): one Triton kernel reads the pinned host rows in place over UVA
-  (zero copy) and writes the device rows; the grid is fixed by the plan's capacity, so it needs
-  no host sync (CUDA-graph capturable).
+  (zero copy) and writes the device rows; its grid is fixed by the plan's capacity or is a
+  persistent grid of a given size (``UvaKernelEngine``'s launch parameters), so it needs no
+  host sync (CUDA-graph capturable).
 * ``memcpy``: reads the plan back to the host (a sync), then issues one async copy per run of
   units contiguous on both the host and the device side (at least one per page in page mode).
 * ``staged``: reads the plan back (a sync), gathers the rows on the CPU into a pinned staging
@@ -25,7 +26,9 @@ import numpy as np
 import torch
 import triton
 
-from backends.kernels.swap_in import copy_planned_rows_kernel, next_pow2
+from backends.kernels.host_copy import (copy_planned_rows_kernel,
+                                        copy_planned_rows_persistent_kernel)
+from backends.kernels.swap_in import next_pow2
 
 COPY_ENGINES = ("uva_kernel", "memcpy", "staged")
 
@@ -86,21 +89,56 @@ class CopyEngine:
         return (s[:, None] + k).reshape(-1), (d[:, None] + k).reshape(-1)
 
 
+#: Triton ``cache_modifier`` values the uva_kernel engine accepts for its host loads / stores
+LOAD_CACHE_MODIFIERS = ("", ".ca", ".cg", ".cv")
+STORE_CACHE_MODIFIERS = ("", ".wb", ".cg", ".cs", ".wt")
+
+
 class UvaKernelEngine(CopyEngine):
     """Zero-copy Triton gather from mapped pinned host memory; no host sync.
 
-    ``rows_per_program``: rows each program has in flight (a [rows, words] tile).
+    Launch parameters (``backends/kernels/host_copy.py``):
+
+    * ``rows_per_program``: rows each program has in flight per step (a [rows, words] tile;
+      a power of two);
+    * ``num_warps``: warps per program (1, 2, 4, 8 or 16);
+    * ``programs``: 0 = the capacity grid ``(batch, cdiv(max_misses * unit_rows, rows))``;
+      N > 0 = a persistent grid of N programs walking the batch's planned rows flat;
+    * ``load_cache`` / ``store_cache``: Triton cache modifiers of the host load and the device
+      store (``LOAD_CACHE_MODIFIERS`` / ``STORE_CACHE_MODIFIERS``; '' = Triton's default).
     """
 
     name = "uva_kernel"
     needs_host_sync = False
 
-    def __init__(self, rows_per_program: int = 4, num_warps: int = 4):
-        if rows_per_program < 1 or rows_per_program & (rows_per_program - 1):
+    def __init__(self, rows_per_program: int = 4, num_warps: int = 4, programs: int = 0,
+                 load_cache: str = "", store_cache: str = ""):
+        if not isinstance(rows_per_program, int) or rows_per_program < 1 or \
+                rows_per_program & (rows_per_program - 1):
             raise ValueError(f"rows_per_program must be a power of two >= 1, "
-                             f"got {rows_per_program}")
+                             f"got {rows_per_program!r}")
+        if num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"num_warps must be one of 1, 2, 4, 8, 16, got {num_warps!r}")
+        if not isinstance(programs, int) or programs < 0:
+            raise ValueError(f"programs must be an integer >= 0 (0: the capacity grid), "
+                             f"got {programs!r}")
+        if load_cache not in LOAD_CACHE_MODIFIERS:
+            raise ValueError(f"load_cache must be one of {LOAD_CACHE_MODIFIERS}, "
+                             f"got {load_cache!r}")
+        if store_cache not in STORE_CACHE_MODIFIERS:
+            raise ValueError(f"store_cache must be one of {STORE_CACHE_MODIFIERS}, "
+                             f"got {store_cache!r}")
         self.rows_per_program = rows_per_program
         self.num_warps = num_warps
+        self.programs = programs
+        self.load_cache = load_cache
+        self.store_cache = store_cache
+
+    def launch_config(self) -> dict:
+        """The launch parameters as keyword arguments of this class (JSON-serialisable)."""
+        return {"rows_per_program": self.rows_per_program, "num_warps": self.num_warps,
+                "programs": self.programs, "load_cache": self.load_cache,
+                "store_cache": self.store_cache}
 
     def _copy(self, host_layer, device_layer, plan, batch, unit_rows):
         if device_layer.is_cuda and not host_layer.is_cuda and not host_layer.is_pinned():
@@ -115,11 +153,28 @@ class UvaKernelEngine(CopyEngine):
         while words % vec:
             vec //= 2
         max_misses = (plan.shape[1] - 1) // 2
-        grid = (batch, triton.cdiv(max_misses * unit_rows, self.rows_per_program))
-        copy_planned_rows_kernel[grid](
-            src, dst, plan, plan.stride(0), max_misses,
-            UNIT_ROWS=unit_rows, WORDS=words, VEC=vec, GROUP_BLOCK=next_pow2(words // vec),
-            ROWS=self.rows_per_program, num_warps=self.num_warps)
+        tile = dict(UNIT_ROWS=unit_rows, WORDS=words, VEC=vec,
+                    GROUP_BLOCK=next_pow2(words // vec), ROWS=self.rows_per_program,
+                    LOAD_CACHE=self.load_cache, STORE_CACHE=self.store_cache,
+                    num_warps=self.num_warps)
+        if self.programs:
+            copy_planned_rows_persistent_kernel[(self.programs,)](
+                src, dst, plan, plan.stride(0), max_misses, batch,
+                BATCH_BLOCK=max(16, next_pow2(batch)), **tile)
+        else:
+            grid = (batch, triton.cdiv(max_misses * unit_rows, self.rows_per_program))
+            copy_planned_rows_kernel[grid](src, dst, plan, plan.stride(0), max_misses, **tile)
+
+
+def uva_engine_per_sm(device: torch.device, programs_per_sm: int = 0,
+                      **launch) -> UvaKernelEngine:
+    """A ``UvaKernelEngine`` whose persistent grid is ``programs_per_sm`` x the SM count of
+    ``device`` (0: the capacity grid); ``launch``: its other keyword arguments."""
+    if not isinstance(programs_per_sm, int) or programs_per_sm < 0:
+        raise ValueError(f"programs_per_sm must be an integer >= 0, got {programs_per_sm!r}")
+    dev = torch.device(device)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
+    return UvaKernelEngine(programs=programs_per_sm * sms, **launch)
 
 
 class MemcpyEngine(CopyEngine):
@@ -189,18 +244,29 @@ class StagedEngine(CopyEngine):
         device_layer.index_copy_(0, self.dst_rows_dev[:n], self.staging_dev[:n])
 
 
+#: the uva_kernel launch on CUDA, measured on the H200 (``python -m harness.bench run swap_in
+#: --section gather``, BENCHMARKS.md section 3): a persistent grid of 16 one-warp programs per
+#: SM, one row each in flight, gives 39.3 GB/s for 2048 scattered 656 B rows (the capacity grid
+#: with 4 rows per program: 35.7) and 45.5 GB/s for 16384 (42.7)
+UVA_CUDA_LAUNCH = dict(rows_per_program=1, num_warps=1, programs_per_sm=16)
+
+
 def make_copy_engine(name: str, *, capacity_rows: int, row_bytes: int, device: torch.device,
                      rows_per_program: Optional[int] = None) -> CopyEngine:
     """The copy engine called ``name`` (one of ``COPY_ENGINES``).
 
     ``capacity_rows``: most rows one call moves (sizes the staged engine's buffers);
-    ``rows_per_program``: uva_kernel tile height (default 4 on CUDA; 256 under the interpreter,
-    which pays per program rather than per row).
+    ``rows_per_program``: uva_kernel tile height of the capacity grid; None: on CUDA the
+    persistent launch ``UVA_CUDA_LAUNCH``, under the interpreter (which pays per program rather
+    than per row) the capacity grid with 256 rows a program.
     """
     if name == "uva_kernel":
-        if rows_per_program is None:
-            rows_per_program = 4 if torch.device(device).type == "cuda" else 256
-        return UvaKernelEngine(rows_per_program=rows_per_program)
+        if rows_per_program is not None:
+            return UvaKernelEngine(rows_per_program=rows_per_program)
+        dev = torch.device(device)
+        if dev.type != "cuda":
+            return UvaKernelEngine(rows_per_program=256)
+        return uva_engine_per_sm(dev, **UVA_CUDA_LAUNCH)
     if name == "memcpy":
         return MemcpyEngine()
     if name == "staged":

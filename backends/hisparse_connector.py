@@ -10,14 +10,15 @@ one kernel, no host sync, CUDA-graph capturable), ``attention`` (``backends.atte
 
 Which pages are resident: ``backends/connector_residency.py`` (vLLM's residency order, the
 facts followed and what is not modelled). Hot regions follow ``backends/hisparse_coordinator.py``
-in token mode, exactly (the SGLang-style design's LRU, newest token in a reserved row, hot rows
+in token mode, exactly (the SGLang-style design's LRU in its default ``upstream`` order, newest
+token in a reserved row, hot rows
 after prefill = positions ``0 .. min(prompt, D) - 1``), with resident positions taking no part;
 so ``resident_fraction=0`` gives that design's hits, misses and copied rows, and
 ``resident_fraction=1`` moves nothing and runs ``flashmla_sparse``'s attention on the same bytes.
-Known differences from vLLM's kernel (``csrc/libtorch_stable/hisparse_kernels.cu``): vLLM's hot
-region starts empty (ours as after SGLang's prefill), its misses take victims in selection
-order and its hits keep their previous LRU order (ours: ascending position, as our SGLang-style
-coordinator), and it copies the misses in a second kernel on a copy stream.
+The LRU order is vLLM's (and SGLang's, our coordinator's default ``lru_order=upstream``): misses
+take victims in selection order, hits keep their previous LRU order. Known differences from
+vLLM's kernel (``csrc/libtorch_stable/hisparse_kernels.cu``): vLLM's hot region starts empty
+(ours as after SGLang's prefill), and it copies the misses in a second kernel on a copy stream.
 
 Set-up (untimed): resident pages are copied from the workload's logical KV into the device
 pool, spilled pages into the pinned host pool; the hot regions are initialised as after
@@ -42,7 +43,7 @@ from backends.copy_engines import word_view
 from backends.hisparse_coordinator import checked_selections
 from backends.kernels.connector_resolve import (CONNECTOR_COUNT_FIELDS, NUM_CONNECTOR_COUNTS,
                                                 connector_resolve_kernel)
-from backends.kernels.swap_in import next_pow2
+from backends.kernels.swap_in import ResolveLaunch, next_pow2, resolve_scratch_width
 
 #: rows each resolver program copies per iteration (GPU; the interpreter pays per operation)
 COPY_ROWS_GPU, COPY_ROWS_INTERPRETER = 32, 256
@@ -215,7 +216,10 @@ class HiSparseConnectorBackend(Backend):
         self.counts = torch.zeros((L, B, NUM_CONNECTOR_COUNTS), dtype=torch.int64, device=dev)
         self.kpad = k_pad(K)
         self.plan = torch.zeros((H, 1 + 2 * K), dtype=torch.int32, device=dev)
-        self.scratch = torch.zeros((H, 3 * self.kpad + D), dtype=torch.int32, device=dev)
+        self.max_positions = int(lay.pages.max(initial=0)) * self.P   # the stamp table's size
+        self.scratch = torch.zeros((H, resolve_scratch_width(self.kpad, D, self.max_positions, True)),
+                                   dtype=torch.int32, device=dev)
+        self.block_c, self.resolve_warps = ResolveLaunch().resolved(self.kpad, D, True)
         self._filled = np.zeros(B, dtype=np.int64)     # hot slots 0.. holding positions 0..
         self._layer_batch: Dict[int, int] = {}
 
@@ -330,11 +334,10 @@ class HiSparseConnectorBackend(Backend):
             out, out.stride(0), self.plan, self.plan.stride(0), counts, counts.stride(0),
             self.scratch, self.scratch.stride(0),
             self.K, self.D, self.lay.hot_base, self.lay.hot_stride, self.wl.row_bytes,
-            PAGE=self.P, K_PAD=self.kpad, LOG_K_PAD=self.kpad.bit_length() - 1,
-            BLOCK_C=max(16, min(next_pow2(self.D), 1024)), SEARCH_STEPS=self.kpad.bit_length() + 1,
+            self.max_positions, PAGE=self.P, K_PAD=self.kpad, BLOCK_C=self.block_c,
             WORDS=words, VEC=vec, GROUP_BLOCK=next_pow2(words // vec),
             COPY_ROWS=COPY_ROWS_GPU if cuda else COPY_ROWS_INTERPRETER,
-            num_warps=8 if self.kpad >= 1024 else 4)
+            num_warps=self.resolve_warps)
         return out
 
     def decode_layer(self, step: int, layer: int, q: torch.Tensor, positions: Optional[torch.Tensor],

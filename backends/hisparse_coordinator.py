@@ -20,10 +20,12 @@ Swap-in semantics (``D = device_buffer_size``, unit = token, or page in page mod
 * Short request (``seq_len <= D``): position ``p`` is at device row ``base + p``; no host traffic;
   ``hits`` = distinct selected units.
 * Long request: the newest unit is resident in the reserved page and counts as a hit when
-  selected; other selected units are hits if resident, else misses; misses (ascending) take the
-  least-recently-used slots not hit this step; new LRU order = untouched slots, then the slots the
-  misses filled (ascending unit), then the hits (ascending unit, most recent). Exact LRU per
-  (layer, request). Duplicates count once; -1 (and positions >= seq_len) give -1.
+  selected; other selected units are hits if resident, else misses; the i-th miss takes the i-th
+  least-recently-used slot not hit this step; new LRU order = untouched slots, then the slots the
+  misses filled (in miss order), then the hits (most recent last). Exact LRU per (layer,
+  request). Duplicates count once; -1 (and positions >= seq_len) give -1. The order of misses
+  and hits is ``lru_order``: ``upstream`` (default, SGLang's kernel): misses in selection order
+  (a unit's first entry), hits in their previous LRU order; ``position``: both ascending unit.
 * After ``prefill`` the hot buffer holds positions ``0 .. min(prompt_len, D) - 1`` with LRU order
   = position order.
 
@@ -51,11 +53,14 @@ Counts (``last_counts`` / ``layer_counts(layer)``, int64 ``[batch]`` device tens
 token mode), ``bytes_h2d`` (= tokens_loaded * row_bytes), ``overflow`` (0/1), ``pages_needed``
 (page mode, long requests: distinct non-reserved pages selected; else 0).
 
-The bookkeeping is one Triton kernel (one program per batch row: sort/dedupe the selection,
-binary-search each hot slot's unit in it, cumsum ranks for miss -> evictable assignment and the
-new LRU order) and, for the default ``uva_kernel`` engine, the copy is a second Triton kernel
-reading pinned host memory in place: no host sync inside the call. ``resolve_selection`` and
-``copy_planned_misses`` expose the two stages separately (for stage timing).
+The bookkeeping is one Triton kernel (one program per batch row; ``upstream``: a stamp table
+indexed by unit finds the hits of one LRU walk without sorting, cumsums compact hits, evictable
+slots and misses; ``position``: sort/dedupe the selection, binary-search each hot slot's unit in
+it; ``backends/kernels/swap_in.py``) and, for the default ``uva_kernel`` engine, the copy is a
+second Triton kernel reading pinned host memory in place: no host sync inside the call.
+``resolve_selection`` and ``copy_planned_misses`` expose the two stages separately (for stage
+timing). The resolve's scratch (the stamp table: ``max_requests x cdiv(max_seq_len, unit)``
+int32 in the upstream order) is shared by all layers and counted in ``allocations``.
 """
 from __future__ import annotations
 
@@ -66,10 +71,12 @@ import torch
 import triton
 
 from backends.copy_engines import COPY_ENGINES, make_copy_engine
-from backends.kernels.swap_in import (COUNT_FIELDS, NUM_COUNT_FIELDS, next_pow2,
-                                      resolve_swap_in_kernel)
+from backends.kernels.swap_in import (COUNT_FIELDS, NUM_COUNT_FIELDS, ResolveLaunch, next_pow2,
+                                      resolve_scratch_width, resolve_swap_in_kernel)
 
 LOAD_GRANULARITIES = ("token", "page")
+#: order of misses and hits in the LRU update (module docstring)
+LRU_ORDERS = ("upstream", "position")
 
 
 class HiSparseOOMError(MemoryError):
@@ -179,6 +186,8 @@ class HiSparseCoordinator:
       page_size: host allocation page and reserved page, in tokens.
       load_granularity: 'token' (upstream SGLang) or 'page' (whole logical pages).
       copy_engine: 'uva_kernel' (default, no host sync), 'memcpy' or 'staged'.
+      lru_order: 'upstream' (default: SGLang's kernel) or 'position' (module docstring).
+      resolve_launch: the resolve kernel's launch configuration (default: ``ResolveLaunch()``).
       host_rows: host pool rows per layer; default enough for every request at ``max_seq_len``
         (rounded up to pages).
       device: where the hot buffers live ('cuda' or 'cpu' for the Triton interpreter).
@@ -189,11 +198,14 @@ class HiSparseCoordinator:
     def __init__(self, *, num_layers: int, max_requests: int, max_seq_len: int, row_bytes: int,
                  top_k: int, device_buffer_size: Optional[int] = None, page_size: int = 64,
                  load_granularity: str = "token", copy_engine: str = "uva_kernel",
+                 lru_order: str = "upstream", resolve_launch: Optional[ResolveLaunch] = None,
                  host_rows: Optional[int] = None, device="cuda", seed: int = 0):
         self._configure(num_layers=num_layers, max_requests=max_requests, max_seq_len=max_seq_len,
                         row_bytes=row_bytes, top_k=top_k, device_buffer_size=device_buffer_size,
                         page_size=page_size, load_granularity=load_granularity,
-                        copy_engine=copy_engine, host_rows=host_rows, device=device)
+                        copy_engine=copy_engine, lru_order=lru_order, host_rows=host_rows,
+                        device=device)
+        self.set_resolve_launch(resolve_launch or ResolveLaunch())
         pin = self.device.type == "cuda"
         for attr, (what, shape, dtype, on_host) in self.allocations().items():
             setattr(self, attr, _alloc(what, shape, dtype, "cpu" if on_host else self.device,
@@ -202,7 +214,8 @@ class HiSparseCoordinator:
 
     def _configure(self, *, num_layers: int, max_requests: int, max_seq_len: int, row_bytes: int,
                    top_k: int, device_buffer_size: Optional[int], page_size: int,
-                   load_granularity: str, copy_engine: str, host_rows: Optional[int], device) -> None:
+                   load_granularity: str, copy_engine: str, lru_order: str,
+                   host_rows: Optional[int], device) -> None:
         """Checks the arguments and derives every size (no allocation)."""
         for name, v in (("num_layers", num_layers), ("max_requests", max_requests),
                         ("max_seq_len", max_seq_len), ("row_bytes", row_bytes),
@@ -214,6 +227,8 @@ class HiSparseCoordinator:
                              f"got {load_granularity!r}")
         if copy_engine not in COPY_ENGINES:
             raise ValueError(f"copy_engine must be one of {COPY_ENGINES}, got {copy_engine!r}")
+        if lru_order not in LRU_ORDERS:
+            raise ValueError(f"lru_order must be one of {LRU_ORDERS}, got {lru_order!r}")
         D = 2 * top_k if device_buffer_size is None else device_buffer_size
         if not isinstance(D, (int, np.integer)) or D < top_k:
             raise ValueError(f"device_buffer_size must be an integer >= top_k ({top_k}), got {D!r}")
@@ -224,6 +239,8 @@ class HiSparseCoordinator:
         self.max_seq_len, self.row_bytes, self.top_k = int(max_seq_len), int(row_bytes), int(top_k)
         self.device_buffer_size, self.page_size = int(D), int(page_size)
         self.load_granularity, self.copy_engine_name = load_granularity, copy_engine
+        self.lru_order = lru_order
+        self.upstream = lru_order == "upstream"
         self.device = torch.device(device)
         self.page_mode = load_granularity == "page"
         self.unit = self.page_size if self.page_mode else 1
@@ -244,16 +261,22 @@ class HiSparseCoordinator:
             raise ValueError(f"host_rows ({self.host_rows}) exceed int32 row ids")
         self.max_misses = min(self.top_k, self.hot_units)
         self.k_pad = max(16, next_pow2(self.top_k))
-        self.block_c = max(16, min(next_pow2(self.hot_units), 1024))
         self.search_steps = self.k_pad.bit_length() + 1
+        self.stamp_units = triton.cdiv(self.max_seq_len, self.unit)   # upstream: stamp table
+        self.scratch_width = resolve_scratch_width(self.k_pad, self.hot_units, self.stamp_units,
+                                                   self.upstream)
 
     @classmethod
     def footprint_of(cls, **kwargs) -> Tuple[int, int]:
         """``(device bytes, host bytes)`` a coordinator with these arguments allocates (the
-        constructor's keyword arguments, ``seed`` aside), computed without allocating."""
+        constructor's keyword arguments; ``seed`` and ``resolve_launch`` change nothing and are
+        ignored), computed without allocating."""
         obj = cls.__new__(cls)
+        kwargs.pop("resolve_launch", None)
+        kwargs.pop("seed", None)
         obj._configure(**{"device_buffer_size": None, "page_size": 64, "load_granularity": "token",
-                          "copy_engine": "uva_kernel", "host_rows": None, "device": "cpu", **kwargs})
+                          "copy_engine": "uva_kernel", "lru_order": "upstream", "host_rows": None,
+                          "device": "cpu", **kwargs})
         return obj.footprint()
 
     def _init_state(self, copy_engine: str, seed: int) -> None:
@@ -300,7 +323,7 @@ class HiSparseCoordinator:
             "out": ("slot tables", (L, R, self.top_k), torch.int32, False),
             "plan": ("miss plan", (R, 1 + 2 * self.max_misses), torch.int32, False),
             "counts": ("counts", (L, R, NUM_COUNT_FIELDS), torch.int64, False),
-            "scratch": ("resolve scratch", (R, 3 * self.k_pad + C), torch.int32, False),
+            "scratch": ("resolve scratch (all layers)", (R, self.scratch_width), torch.int32, False),
         }
 
     def footprint(self) -> Tuple[int, int]:
@@ -310,6 +333,14 @@ class HiSparseCoordinator:
             n = int(np.prod(shape)) * torch.empty(0, dtype=dtype).element_size()
             host, dev = (host + n, dev) if on_host else (host, dev + n)
         return dev, host
+
+    def set_resolve_launch(self, launch: ResolveLaunch) -> None:
+        """Sets the resolve kernel's launch configuration (set-up, between calls)."""
+        if not isinstance(launch, ResolveLaunch):
+            raise ValueError(f"resolve_launch must be a ResolveLaunch, got {type(launch).__name__}")
+        self.resolve_launch = launch
+        self.block_c, self.resolve_warps = launch.resolved(self.k_pad, self.hot_units,
+                                                           self.upstream)
 
     def set_copy_engine(self, copy_engine: str, rows_per_program: Optional[int] = None) -> None:
         """Switches the copy engine (set-up, between calls); see ``backends/copy_engines.py``."""
@@ -573,11 +604,11 @@ class HiSparseCoordinator:
             counts, counts.stride(0),
             self.scratch, self.scratch.stride(0),
             self.top_k, self.hot_units, self.device_buffer_size, self.slots_per_request,
-            self.row_bytes, self.max_misses,
+            self.row_bytes, self.max_misses, self.stamp_units,
             UNIT=self.unit, PAGE=self.page_size, PAGE_MODE=self.page_mode,
             K_PAD=self.k_pad, LOG_K_PAD=self.k_pad.bit_length() - 1, BLOCK_C=self.block_c,
-            SEARCH_STEPS=self.search_steps,
-            num_warps=8 if self.k_pad >= 1024 else 4)
+            SEARCH_STEPS=self.search_steps, UPSTREAM=self.upstream,
+            num_warps=self.resolve_warps)
         return out
 
     def copy_planned_misses(self, layer_id: int) -> None:

@@ -14,9 +14,11 @@ positions for ``'page'``; ``C = device_buffer_size / unit`` hot unit slots):
   reserved page at device offsets ``D ..``; selected, it counts as a hit and takes no hot slot.
   Token mode: offset ``D``. Page mode: offset ``D + p % page_size``.
 * Every other selected unit (duplicates and -1 ignored) is a hit when some hot slot holds it,
-  else a miss. Misses in ascending unit order take the least-recently-used slots that this step
-  does not hit. New LRU order: untouched slots (previous relative order), then the slots filled
-  by the misses (ascending unit), then the hit slots (ascending unit, most recent last).
+  else a miss. The i-th miss takes the i-th least-recently-used slot that this step does not
+  hit. New LRU order: untouched slots (previous relative order), then the slots filled by the
+  misses (miss order), then the hit slots (most recent last). ``lru_order`` orders misses and
+  hits: ``upstream`` (SGLang's kernel): misses by their first entry in the selection, hits in
+  their previous LRU order; ``position``: both by ascending unit.
 * Page mode: if a step selects more distinct non-reserved pages than ``C``, that is an overflow:
   nothing changes, every output is -1, ``pages_needed`` reports the demand.
 * Device offset of position ``p`` in hot unit slot ``s``: ``s * unit + p % unit``.
@@ -33,7 +35,7 @@ class StepResult:
 
     ``offsets``: request-local device offset per selection entry (-1 for -1 / invalid / overflow).
     Counts are in units (tokens or pages); ``tokens_loaded`` counts rows copied host -> device.
-    ``loaded``: (unit, hot slot) of each miss, ascending unit.
+    ``loaded``: (unit, hot slot) of each miss, in miss order.
     """
 
     offsets: List[int]
@@ -49,13 +51,20 @@ class StepResult:
         return self.tokens_loaded * row_bytes
 
 
+LRU_ORDERS = ("upstream", "position")
+
+
 class HotBufferModel:
     """The hot buffer of one (layer, request)."""
 
-    def __init__(self, device_buffer_size: int, page_size: int, load_granularity: str):
+    def __init__(self, device_buffer_size: int, page_size: int, load_granularity: str,
+                 lru_order: str = "upstream"):
         if load_granularity not in ("token", "page"):
             raise ValueError(f"load_granularity must be 'token' or 'page', "
                              f"got {load_granularity!r}")
+        if lru_order not in LRU_ORDERS:
+            raise ValueError(f"lru_order must be one of {LRU_ORDERS}, got {lru_order!r}")
+        self.upstream = lru_order == "upstream"
         self.D = device_buffer_size
         self.P = page_size
         self.page_mode = load_granularity == "page"
@@ -93,7 +102,9 @@ class HotBufferModel:
             return StepResult(offsets, len(units), 0, 0, 0, False, 0)
 
         newest = (seq_len - 1) // self.unit
-        wanted = sorted({p // self.unit for p in valid} - {newest})
+        wanted = list(dict.fromkeys(p // self.unit for p in valid if p // self.unit != newest))
+        if not self.upstream:
+            wanted.sort()
         newest_hit = any(p // self.unit == newest for p in valid)
         if self.page_mode and len(wanted) > self.C:
             return StepResult([-1] * len(selection), 0, 0, 0, 0, True, len(wanted))
@@ -101,6 +112,9 @@ class HotBufferModel:
         resident = self.resident_units()
         hits = [u for u in wanted if u in resident]
         misses = [u for u in wanted if u not in resident]
+        if self.upstream:                       # hits in their previous LRU order
+            hit_units = set(hits)
+            hits = [self.slot_unit[s] for s in self.lru if self.slot_unit[s] in hit_units]
         hit_slots = [resident[u] for u in hits]
         hit_set = set(hit_slots)
         evictable = [s for s in self.lru if s not in hit_set]
@@ -129,9 +143,9 @@ class CoordinatorModel:
     """``HotBufferModel`` per (layer, request), with the coordinator's batch-shaped API."""
 
     def __init__(self, num_layers: int, device_buffer_size: int, page_size: int,
-                 load_granularity: str):
+                 load_granularity: str, lru_order: str = "upstream"):
         self.num_layers = num_layers
-        self.args = (device_buffer_size, page_size, load_granularity)
+        self.args = (device_buffer_size, page_size, load_granularity, lru_order)
         self.buffers: Dict[tuple, HotBufferModel] = {}
 
     def buffer(self, layer: int, req: int) -> HotBufferModel:

@@ -168,6 +168,9 @@ COLUMNS: Dict[str, str] = {
     "head_dim_v": "Int64",        # attention V width (d_v)
     "peer": "string",             # the row this one is compared with: its kernel [variant]
     "ratio_to_peer": "float64",   # latency_us_median / the peer row's
+    "n_regs": "Int64",            # compiled kernel: registers per thread (Triton's n_regs)
+    "n_spills": "Int64",          # compiled kernel: local memory in 4-byte words (Triton's n_spills)
+    "smem_bytes": "Int64",        # compiled kernel: shared memory per program, bytes
     # end of micro-benchmarks ------------------------------------------------------------------
 }
 

@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 from backends.kernels.flashmla_peer import PeerUnsupported
-from backends.kernels.sglang_peer import KernelConfig, SGLangHiSparsePeer
+from backends.kernels.sglang_peer import (KernelConfig, SGLangHiSparsePeer, canonical_selection,
+                                          uncanonical)
 
 
 @dataclass
@@ -129,7 +130,11 @@ def compare_step(ours, peer: SGLangHiSparsePeer, req_pool_indices: torch.Tensor,
                  ) -> Dict[str, object]:
     """One lockstep step: the peer takes our state for this layer, both swap in, and the report
     says what agrees. ``ours`` and ``peer.pools`` must hold identical pools (same config, seed,
-    host KV, prefill and begin_step). Upstream is also checked against ``UpstreamHotBuffer``.
+    host KV, prefill and begin_step). Both see the selection in the kernel's entry order (the
+    peer's canonical selection; ours' returned rows are mapped back to the caller's order): in
+    ``lru_order=upstream`` the entry order decides which miss takes which slot, and with it
+    everything agrees, the LRU order included (``lru_exact``); in ``position`` order all but
+    the order of the hit slots. Upstream is also checked against ``UpstreamHotBuffer``.
 
     Keys: ``slots`` (output tables equal), ``slot_map`` (slot -> position equal), ``lru_prefix``
     (non-hit part of the LRU equal), ``lru_hit_set`` (same hit slots at the MRU end),
@@ -140,7 +145,9 @@ def compare_step(ours, peer: SGLangHiSparsePeer, req_pool_indices: torch.Tensor,
     peer.sync_from(ours, layers=[layer_id])
     old_tokens = peer.tokens[layer_id].cpu().numpy().copy()    # .cpu() aliases CPU tensors
     old_lru = peer.lru_slots[layer_id].cpu().numpy().copy()
-    out_ours = ours.swap_in_selected_pages(req_pool_indices, seq_lens, topk_indices, layer_id)
+    canon_sel, where = canonical_selection(topk_indices, seq_lens)
+    out_ours = uncanonical(
+        ours.swap_in_selected_pages(req_pool_indices, seq_lens, canon_sel, layer_id), where)
     out_peer = peer.swap_in(req_pool_indices, seq_lens, topk_indices, layer_id)
     if torch.cuda.is_available():
         torch.cuda.synchronize()

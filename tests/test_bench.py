@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from backends.copy_engines import UvaKernelEngine
+from backends.kernels import vllm_peer
+from backends.kernels.flashmla_peer import PeerUnavailable
 from harness import report, results
 from harness.bench import attention as attention_bench
 from harness.bench import indexer as indexer_bench
@@ -60,7 +62,7 @@ def assert_measured(df, name):
 # ------------------------------------------------------------------------ registry and CLI
 
 def test_list_shows_every_bench(capsys):
-    assert list(benches()) == ["attention", "indexer", "peers", "swap_in"]
+    assert list(benches()) == ["attention", "indexer", "peers", "swap_in", "swap_in_peer"]
     assert main(["list"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert [ln.split()[0] for ln in lines] == list(benches())
@@ -114,6 +116,34 @@ def test_run_writes_rows_to_out_and_the_old_spelling_is_run(tmp_path, monkeypatc
     assert bad["latency_us_median"][0] > 0                       # timed anyway, flagged
     assert main(["run", "cumsum", "--quick", "--out", str(tmp_path / "none"), "--none"]) == 1
     assert not (tmp_path / "none").exists()
+
+
+def test_a_bench_killed_with_sigterm_keeps_the_rows_it_measured(tmp_path, monkeypatch, capsys):
+    """``timeout`` (SIGTERM) in the middle of a bench: the rows measured so far are written, the
+    run fails (exit 1), and SIGTERM's handler is restored afterwards."""
+    import os
+    import signal
+
+    def bench(run: BenchRun):
+        x = torch.from_numpy(np.random.default_rng(1).random(500))
+        ref = np.cumsum(x.numpy())
+        for n in range(3):
+            if n == 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+            run.measure(lambda: torch.cumsum(x, 0),
+                        check=lambda out: Check(float(np.abs(out.numpy() - ref).max()), 1e-9),
+                        kernel="cumsum", variant=f"v{n}", batch_size=1, context_len=500)
+    monkeypatch.delitem(BENCHES, "killed", raising=False)
+    register("killed", "measures two rows, then is sent SIGTERM")(bench)
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        assert main(["run", "killed", "--quick", "--repeats", "2", "--out", str(tmp_path)]) == 1
+    finally:
+        BENCHES.pop("killed", None)
+    df = results.load(tmp_path)
+    assert sorted(df["variant"]) == ["v0", "v1"] and set(df["status"]) == {"ok"}
+    assert "interrupted" in capsys.readouterr().out
+    assert signal.getsignal(signal.SIGTERM) == before
 
 
 def test_bad_input_stops_before_any_kernel(tmp_path, capsys):
@@ -208,7 +238,7 @@ def test_swap_in_quick(tmp_path):
     copies = df[df["kernel"] == "copy"]
     assert {"scattered_rows", "contiguous_rows"} == set(copies["case"])
     assert set(copies["variant"].dropna()) == {f"rows{r}" for r in sz.uva_rows_sweep}
-    resolve = df[df["kernel"] == "resolve_selection"]
+    resolve = df[(df["kernel"] == "resolve_selection") & (df["case"] == "all_hits")]
     assert sorted(resolve["batch_size"]) == [1, sz.batch]
 
 
@@ -278,12 +308,26 @@ def test_peers_quick(tmp_path):
     rc, df = run_bench(tmp_path, "peers")
     assert rc == 0
     assert_measured(df, "peers")
-    theirs = df[df["kernel"].isin(["flashmla", "vllm_convert_req_index_to_global_index"])]
-    assert len(theirs) == 3 and set(theirs["status"]) == {"unavailable"}
-    ours = df[df["kernel"].isin(["sparse_mla_decode", "convert_req_index_to_global_index"])]
-    assert set(ours["status"]) == {"ok"} and ours["ratio_to_peer"].isna().all()
+    flashmla = df[df["kernel"] == "flashmla"]
+    assert len(flashmla) == 2 and set(flashmla["status"]) == {"unavailable"}
+    attn = df[df["kernel"] == "sparse_mla_decode"]
+    assert set(attn["status"]) == {"ok"} and attn["ratio_to_peer"].isna().all()
+    # vLLM's conversion kernel runs where it is staged (.peer_build/vllm), else is unavailable
+    vllm = df[df["kernel"] == "vllm_convert_req_index_to_global_index"]
+    conv = df[df["kernel"] == "convert_req_index_to_global_index"]
+    assert len(vllm) == 1 and set(conv["status"]) == {"ok"}
+    try:
+        vllm_peer.vllm_convert_kernel()
+        staged = True
+    except PeerUnavailable:
+        staged = False
+    if staged:
+        assert set(vllm["status"]) == {"ok"} and (conv["ratio_to_peer"] > 0).all()
+    else:
+        assert set(vllm["status"]) == {"unavailable"} and conv["ratio_to_peer"].isna().all()
     swap = df[df["case"].notna() & df["kernel"].str.contains("swap_in|sglang")]
-    assert len(swap) == 9 and set(swap["status"]) == {"ok"} and (swap["max_rel_err"] == 0).all()
+    assert len(swap) == 12 and set(swap["status"]) == {"ok"} and (swap["max_rel_err"] == 0).all()
+    assert set(swap["lru_order"].dropna()) == {"upstream", "position"}    # ours in both orders
     misses = swap.groupby("case")["misses"].first()
     assert misses["all_misses"] == sz.top_k and misses["all_hits"] == 0
     assert 0 < misses["steady_state"] < sz.batch * sz.top_k

@@ -53,7 +53,7 @@ def _hisparse_bytes(batch, max_pos=123, P=16, K=16):
            + K * 4                          # slot table
            + (1 + 2 * min(K, D)) * 4        # miss plan
            + 7 * 8                          # counts (7 fields)
-           + (3 * k_pad + D) * 4)           # resolve scratch
+           + (2 * k_pad + 2 * D + max_pos) * 4)  # resolve scratch (upstream order: stamps)
     return batch * per + _shared(batch, max_pos, P)
 
 

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from backends.copy_engines import COPY_ENGINES, MemcpyEngine, make_copy_engine, word_view
+from backends.copy_engines import (COPY_ENGINES, MemcpyEngine, UvaKernelEngine, make_copy_engine,
+                                   word_view)
 from test_hisparse_coordinator import Rig
 
 
@@ -127,3 +128,171 @@ def test_gpu_engines_identical_dsv32_rows():
     pools = {e: run_sequence(e, "token", "cuda", steps=2, **dict(kw)) for e in COPY_ENGINES}
     for e in ("memcpy", "staged"):
         assert torch.equal(pools[e][0], pools["uva_kernel"][0]), e
+
+
+# ------------------------------------------------------------------ uva_kernel launch variants
+#: (rows_per_program, num_warps, programs, load_cache, store_cache)
+LAUNCHES = [(4, 4, 0, "", ""), (1, 1, 0, ".cg", ".cs"), (16, 8, 0, ".cv", ".wt"),
+            (2, 2, 3, "", ""), (8, 4, 1, ".cg", ".cg"), (32, 8, 64, ".ca", ".wb")]
+
+
+@pytest.mark.parametrize("launch", LAUNCHES, ids=lambda t: "r{}w{}p{}{}{}".format(*t))
+@pytest.mark.parametrize("row_bytes, unit_rows", [(656, 1), (12, 3)])
+def test_uva_launch_variants_copy_exactly_the_plan(device, launch, row_bytes, unit_rows):
+    """Every launch variant (capacity grid and persistent grids smaller and larger than the
+    chunk count) writes exactly the planned rows, bytes equal, every other row untouched;
+    batch rows with no misses sit between full ones."""
+    rows, warps, programs, lc, sc = launch
+    rng = np.random.default_rng(rows * 131 + programs * 7 + row_bytes + unit_rows)
+    batch, max_misses, host_units, dev_units = 5, 7, 50, 64
+    host = rng.integers(0, 256, (host_units * unit_rows, row_bytes), dtype=np.uint8)
+    dev = rng.integers(0, 256, (dev_units * unit_rows, row_bytes), dtype=np.uint8)
+    plan = random_plan(rng, batch, max_misses, host_units, dev_units, unit_rows)
+    plan[1, 0] = 0                                  # an empty row between others
+    plan[3, 0] = max_misses                         # one row at the plan's capacity
+    used = {int(x) for b in (0, 2, 4) for x in plan[b, 1 + max_misses:1 + max_misses + plan[b, 0]]}
+    free = [u * unit_rows for u in range(dev_units) if u * unit_rows not in used]
+    plan[3, 1:1 + max_misses] = rng.integers(0, host_units, max_misses) * unit_rows
+    plan[3, 1 + max_misses:] = free[:max_misses]
+    want = reference_copy(host, dev, plan, batch, unit_rows)
+    eng = UvaKernelEngine(rows_per_program=rows, num_warps=warps, programs=programs,
+                          load_cache=lc, store_cache=sc)
+    host_t = torch.from_numpy(host)
+    if device.type == "cuda":
+        host_t = host_t.pin_memory()
+    dev_t = torch.from_numpy(dev.copy()).to(device)
+    eng.copy(host_t, dev_t, torch.from_numpy(plan).to(device), batch, unit_rows)
+    np.testing.assert_array_equal(dev_t.cpu().numpy(), want)
+    assert (want != dev).any(axis=1).sum() == plan[:batch, 0].sum() * unit_rows
+
+
+def test_uva_launch_validation():
+    for kwargs, field in ((dict(rows_per_program=3), "rows_per_program"),
+                          (dict(num_warps=3), "num_warps"), (dict(programs=-1), "programs"),
+                          (dict(load_cache=".cs"), "load_cache"),
+                          (dict(store_cache=".ca"), "store_cache")):
+        with pytest.raises(ValueError, match=field):
+            UvaKernelEngine(**kwargs)
+    eng = UvaKernelEngine(rows_per_program=8, programs=4, load_cache=".cg")
+    assert UvaKernelEngine(**eng.launch_config()).launch_config() == eng.launch_config()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("programs", [0, 132])
+def test_gpu_uva_copy_is_graph_capturable(programs):
+    """Captured once in a CUDA graph, a replay copies the plan as it is at replay time (counts
+    and rows read on the device, no host sync)."""
+    from harness.timing import capture_graph
+    rng = np.random.default_rng(programs)
+    host = torch.from_numpy(rng.integers(0, 256, (1 << 16, 656), dtype=np.uint8)).pin_memory()
+    dev = torch.zeros((4096, 656), dtype=torch.uint8, device="cuda")
+    plan = torch.zeros((4, 1 + 2 * 2048), dtype=torch.int32, device="cuda")
+    eng = UvaKernelEngine(programs=programs)
+    graph, _ = capture_graph(lambda: eng.copy(host, dev, plan, 4, 1))
+    p = random_plan(rng, 4, 2048, 1 << 16, 4096, 1)
+    plan.copy_(torch.from_numpy(p))
+    dev.zero_()
+    graph.replay()
+    want = reference_copy(host.numpy(), np.zeros((4096, 656), np.uint8), p, 4, 1)
+    np.testing.assert_array_equal(dev.cpu().numpy(), want)
+
+
+# ------------------------------------------------------------------ the swap_in bench's sections
+def test_gather_host_rows_distributions():
+    from harness.bench.swap_in import GATHER_DISTS, OS_PAGE, gather_host_rows
+    pool, n, rb, window = 20000, 300, 656, 1000 * 656
+    for dist in GATHER_DISTS:
+        rows = gather_host_rows(dist, np.random.default_rng(1), pool, n, rb, window)
+        assert rows.dtype == np.int64 and len(rows) == n and len(set(rows.tolist())) == n, dist
+        assert rows.min() >= 0 and rows.max() < pool, dist
+        pages = np.unique(rows * rb // OS_PAGE)
+        if dist in ("sorted", "pages_4k", "contiguous"):
+            assert (np.diff(rows) > 0).all(), dist
+        if dist == "random":
+            assert not (np.diff(rows) > 0).all() and len(pages) > 0.9 * n
+        if dist == "window":
+            assert rows.max() - rows.min() < 1000
+        if dist == "pages_4k":                     # fewest pages: about n / (4096 / 656)
+            assert len(pages) <= n // (OS_PAGE // rb) + 3
+        if dist == "contiguous":
+            assert rows[-1] - rows[0] == n - 1
+    with pytest.raises(ValueError, match="gather distribution"):
+        gather_host_rows("strided", np.random.default_rng(1), pool, n, rb, window)
+
+
+def _bench_run():
+    import argparse
+    from harness.bench.measure import BenchRun
+    args = argparse.Namespace(quick=True, repeats=2, warmup=1, section=("gather", "context"),
+                              host_alloc=("pinned",))
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return BenchRun("swap_in", args, dev, "test swap_in")
+
+
+def _small_sizes():
+    from dataclasses import replace
+    from harness.bench import swap_in as sw
+    return replace(sw.QUICK, gather_pools=(4096,), gather_rows=(16, 40), gather_runs=2,
+                   gather_variants=("default", "persist4x_rows4"), context_lens=(200, 300))
+
+
+def test_swap_in_gather_and_context_sections(capsys):
+    """The gather rows: every (rows, distribution, variant) in every run, checked exact; the
+    summary reports each run's GB/s; the context rows: resolve, copy and total per context
+    with the same miss counts their free run recorded."""
+    import pandas as pd
+    from harness.bench import swap_in as sw
+    run, sz = _bench_run(), _small_sizes()
+    sw.gather(run, sz)
+    sw.context(run, sz)
+    df = pd.DataFrame(run.rows)
+    assert set(df["status"]) == {"ok"} and (df["max_rel_err"] == 0).all()
+    g = df[df["kernel"] == "gather"]
+    keys = set(zip(g["misses"], g["case"], g["variant"], g["seed"]))
+    want = {(n, "random", v, r) for n in sz.gather_rows for v in sz.gather_variants
+            for r in range(sz.gather_runs)}
+    want |= {(40, d, "default", r) for d in (*sw.GATHER_DISTS[1:], "random_cpu_read")
+             for r in range(sz.gather_runs)}
+    assert keys == want and len(g) == len(want)
+    assert (g["bytes_h2d"] == g["misses"] * sz.row_bytes).all()
+    assert (g["host_bytes"] == 4096 * sz.row_bytes).all()
+    out = capsys.readouterr().out
+    assert "== gather" in out and "== swap-in at equal misses vs context" in out
+    c = df[df["case"] == "context"]
+    assert sorted(set(c["kernel"])) == ["copy_planned_misses", "resolve_selection",
+                                         "swap_in_selected_pages"]
+    assert sorted(set(c["context_len"])) == [200, 300] and (c["misses"] > 0).all()
+    assert (c["host_bytes"].astype(int) > 0).all()
+    copies = c[c["kernel"] == "copy_planned_misses"]
+    assert set(copies["variant"]) == set(sz.context_variants) and len(copies) == 4
+    assert (copies.groupby("context_len")["misses"].nunique() == 1).all()
+    text = sw.context_summary(run.rows)
+    assert text.count("\ncontext ") == 2 * len(sz.context_variants)
+
+
+def test_swap_in_gather_and_context_flag_a_dropped_row(monkeypatch):
+    """A uva copy that leaves one planned row unwritten makes the gather rows and the context
+    copy / total rows incorrect, and the resolve rows too (their reference, the free run, had a
+    wrong row)."""
+    from dataclasses import replace
+
+    import pandas as pd
+    from harness.bench import swap_in as sw
+    real = UvaKernelEngine._copy
+
+    def dropping(self, host_layer, device_layer, plan, batch, unit_rows):
+        m = (plan.shape[1] - 1) // 2
+        keep = plan[0, 1 + m].clone()
+        saved = device_layer[int(keep)].clone()
+        real(self, host_layer, device_layer, plan, batch, unit_rows)
+        device_layer[int(keep)] = saved
+    monkeypatch.setattr(UvaKernelEngine, "_copy", dropping)
+    run, sz = _bench_run(), _small_sizes()
+    sz = replace(sz, gather_rows=(16,), gather_variants=("default",), context_lens=(200,))
+    monkeypatch.setattr(sw, "GATHER_DISTS", ("random",))
+    sw.gather(run, sz)
+    sw.context(run, sz)
+    df = pd.DataFrame(run.rows)
+    bad = df[df["kernel"].isin(["gather", "copy_planned_misses", "swap_in_selected_pages"])]
+    assert len(bad) and set(bad["status"]) == {"incorrect"} and (bad["max_rel_err"] > 0).all()
+    assert set(df[df["kernel"] == "resolve_selection"]["status"]) == {"incorrect"}

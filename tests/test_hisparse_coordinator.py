@@ -1,15 +1,20 @@
-"""HiSparseCoordinator vs the pure-Python model (harness/lru_model.py), on fresh random KV.
+"""HiSparseCoordinator vs the pure-Python model (harness/lru_model.py), on fresh random KV, in
+both LRU orders (``upstream``: stamp resolve; ``position``: sort resolve).
 
-Every swap-in is checked three ways: the returned slots equal the model's, the counts equal the
+Every swap-in is checked four ways: the returned slots equal the model's, the counts equal the
 model's, the device rows behind the returned slots hold the host bytes of the selected positions,
-and the per-(layer, request) slot map and LRU order equal the model's.
+and the per-(layer, request) slot map and LRU order equal the model's. Before every call the
+resolve's scratch is overwritten with random values (stale stamps must not matter).
 """
+import os
+
 import numpy as np
 import pytest
 import torch
 
 from backends.hisparse_coordinator import (HiSparseCoordinator, HiSparseOOMError,
                                            find_page_overflow, validate_selection)
+from backends.kernels.swap_in import ResolveLaunch
 from harness.lru_model import CoordinatorModel
 
 
@@ -17,13 +22,13 @@ class Rig:
     """A coordinator, its model and the logical KV rows, stepped together and cross-checked."""
 
     def __init__(self, *, layers=2, reqs=3, max_seq=96, row_bytes=16, top_k=8, D=24, P=4,
-                 gran="token", engine="uva_kernel", device=None, seed=0):
+                 gran="token", engine="uva_kernel", order="upstream", device=None, seed=0):
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.c = HiSparseCoordinator(
             num_layers=layers, max_requests=reqs, max_seq_len=max_seq, row_bytes=row_bytes,
             top_k=top_k, device_buffer_size=D, page_size=P, load_granularity=gran,
-            copy_engine=engine, device=device, seed=seed)
-        self.m = CoordinatorModel(layers, D, P, gran)
+            copy_engine=engine, lru_order=order, device=device, seed=seed)
+        self.m = CoordinatorModel(layers, D, P, gran, order)
         g = torch.Generator().manual_seed(seed + 1)
         self.kv = torch.randint(0, 256, (layers, reqs, max_seq, row_bytes), dtype=torch.uint8,
                                 generator=g)
@@ -36,15 +41,18 @@ class Rig:
         self.c.prefill(reqs, prompt_lens)
         self.m.prefill(reqs, prompt_lens)
 
-    def swap(self, reqs, seq_lens, sel, layers=None, begin=True):
-        """One decode step (begin_step + swap-in on each layer), everything checked."""
+    def swap(self, reqs, seq_lens, sel, layers=None, begin=True, validate=True):
+        """One decode step (begin_step + swap-in on each layer), everything checked.
+        ``validate=False`` passes positions >= seq_len (treated as -1) to the kernel."""
         if begin:
             self.c.begin_step(reqs, seq_lens)
             self.m.begin_step(reqs, seq_lens)
         sel = np.asarray(sel, dtype=np.int64)
-        validate_selection(sel, seq_lens)
+        if validate:
+            validate_selection(sel, seq_lens)
         results = []
         for layer in (range(self.layers) if layers is None else layers):
+            self.poison_scratch()
             out = self.c.swap_in_selected_pages(
                 torch.tensor(reqs, dtype=torch.int32, device=self.device),
                 torch.tensor(seq_lens, dtype=torch.int32, device=self.device),
@@ -53,6 +61,13 @@ class Rig:
             self.check(layer, reqs, sel, out, res)
             results.append(res)
         return results
+
+    def poison_scratch(self):
+        """Random stale values in the resolve's scratch, entry ids in range among them."""
+        g = torch.Generator().manual_seed(int(self.rng.integers(1 << 30)))
+        junk = torch.randint(-3, self.c.k_pad + 3, tuple(self.c.scratch.shape), generator=g,
+                             dtype=torch.int32)
+        self.c.scratch.copy_(junk)
 
     def check(self, layer, reqs, sel, out, res):
         c = self.c
@@ -69,7 +84,7 @@ class Rig:
                         bytes_h2d=res[b].bytes_h2d(c.row_bytes), overflow=int(res[b].overflow),
                         pages_needed=res[b].pages_needed)
             assert got == want, (layer, b)
-            live = sel[b] >= 0
+            live = (sel[b] >= 0) & (sel[b] < self.c._seq_len[r])
             if live.any() and not res[b].overflow:
                 rows = pool[torch.from_numpy(out[b][live])]
                 assert torch.equal(rows, self.kv[layer, r, torch.from_numpy(sel[b][live])]), \
@@ -97,10 +112,11 @@ class Rig:
         return sorted(u for u in buf.slot_unit if u >= 0)
 
 
-def test_token_mode_random_mixed_batch():
+@pytest.mark.parametrize("order", ["upstream", "position"])
+def test_token_mode_random_mixed_batch(order):
     """Short, long and short->long requests in one batch, random selections with -1 and
     duplicates, D = 24 (not a power of two), several steps, two layers."""
-    rig = Rig()
+    rig = Rig(order=order)
     reqs, lens = [0, 1, 2], [9, 40, 21]       # short, long, crosses D=24 at step 4
     rig.prefill(reqs, lens)
     for step in range(6):
@@ -108,8 +124,9 @@ def test_token_mode_random_mixed_batch():
         rig.swap(reqs, seq, [rig.random_sel(s) for s in seq])
 
 
-def test_token_mode_adversarial_sequence():
-    rig = Rig(layers=1, reqs=2, top_k=8, D=24)
+@pytest.mark.parametrize("order", ["upstream", "position"])
+def test_token_mode_adversarial_sequence(order):
+    rig = Rig(layers=1, reqs=2, top_k=8, D=24, order=order)
     reqs = [1, 0]
     rig.prefill(reqs, [60, 50])
     seq = [61, 51]
@@ -139,6 +156,37 @@ def test_token_mode_adversarial_sequence():
     assert res[0].hits + res[0].misses == 3 and res[0].tokens_loaded >= 1
 
 
+@pytest.mark.parametrize("launch", [None, ResolveLaunch(block_c=16, num_warps=2)])
+@pytest.mark.parametrize("order", ["upstream", "position"])
+@pytest.mark.parametrize("gran", ["token", "page"])
+def test_raw_selections_against_model(gran, order, launch):
+    """Unvalidated random selections: many duplicates (units and positions), -1 anywhere,
+    positions >= seq_len, the newest token; top_k 12 (padded to 16); short, crossing and long
+    requests; in page mode some steps overflow. ``block_c=16`` walks the 24 token slots in two
+    chunks."""
+    rig = Rig(gran=gran, top_k=12, D=24, P=4, order=order, seed=3)
+    if launch is not None:
+        rig.c.set_resolve_launch(launch)
+    reqs, lens = [1, 2, 0], [12, 21, 60]
+    rig.prefill(reqs, lens)
+    n_over = n_miss = 0
+    for step in range(7):
+        seq = [n + 1 + step for n in lens]
+        sel = []
+        for s in seq:
+            hi = s + 6 if step % 2 else min(s, 28)        # odd steps: beyond seq_len too
+            row = rig.rng.integers(-1, hi, 12)
+            row[rig.rng.integers(0, 12, 3)] = row[0]       # repeats of one position
+            if step % 3 == 0:
+                row[rig.rng.integers(0, 12)] = s - 1       # the newest token
+            sel.append(row)
+        for res in rig.swap(reqs, seq, sel, validate=False):
+            n_over += sum(r.overflow for r in res)
+            n_miss += sum(r.misses for r in res)
+    assert n_miss > 0
+    assert (n_over > 0) == (gran == "page")
+
+
 def test_top_k_equal_to_buffer_evicts_everything():
     rig = Rig(layers=1, reqs=1, top_k=8, D=8, P=4)
     rig.prefill([0], [30])
@@ -150,10 +198,11 @@ def test_top_k_equal_to_buffer_evicts_everything():
         assert res[0].misses == 8
 
 
-def test_page_mode_random_with_overflow_and_crossing():
+@pytest.mark.parametrize("order", ["upstream", "position"])
+def test_page_mode_random_with_overflow_and_crossing(order):
     """Page granularity: C = 24 / 4 = 6 page slots; selections drawn from few pages (no
     overflow) and from many (overflow, reported, state unchanged); a request crossing D."""
-    rig = Rig(gran="page", top_k=8, D=24, P=4)
+    rig = Rig(gran="page", top_k=8, D=24, P=4, order=order)
     reqs, lens = [2, 0, 1], [70, 22, 10]
     rig.prefill(reqs, lens)
     n_over = 0
@@ -187,10 +236,11 @@ def test_page_mode_random_with_overflow_and_crossing():
     assert n_over > 0
 
 
-def test_page_mode_reserved_page_refresh():
+@pytest.mark.parametrize("order", ["upstream", "position"])
+def test_page_mode_reserved_page_refresh(order):
     """The newest token walks across a page boundary: the reserved page follows it and holds
     every position of the newest page so far; the completed page is then a hot-page miss."""
-    rig = Rig(layers=1, reqs=1, gran="page", top_k=8, D=8, P=4)
+    rig = Rig(layers=1, reqs=1, gran="page", top_k=8, D=8, P=4, order=order)
     rig.prefill([0], [29])                         # newest page at the first step: 7 (28..31)
     for seq in range(30, 38):
         newest_page = (seq - 1) // 4
@@ -202,9 +252,10 @@ def test_page_mode_reserved_page_refresh():
     assert res[0].misses == 1 and res[0].tokens_loaded == 4 and res[0].pages_loaded == 1
 
 
-def test_large_buffer_not_power_of_two():
+@pytest.mark.parametrize("order", ["upstream", "position"])
+def test_large_buffer_not_power_of_two(order):
     """D = 6144 and top_k = 2048 (one program, 6 LRU chunks), interpreter-sized rows."""
-    rig = Rig(layers=1, reqs=1, max_seq=9000, row_bytes=8, top_k=2048, D=6144, P=64)
+    rig = Rig(layers=1, reqs=1, max_seq=9000, row_bytes=8, top_k=2048, D=6144, P=64, order=order)
     rig.prefill([0], [8000])
     seq = [8001]
     sel = [rig.rng.permutation(8001)[:2048]]       # about 3/4 hits
@@ -221,10 +272,11 @@ def test_begin_step_jump_from_short_to_long():
     rig.swap([0], [50], [rig.random_sel(50)])     # grows 6 -> 24 resident, then long
 
 
-def test_resolve_then_copy_stages():
+@pytest.mark.parametrize("order", ["upstream", "position"])
+def test_resolve_then_copy_stages(order):
     """The two stages of a swap-in: after resolve the missed rows are not loaded yet; after the
     copy they are; a copy for another layer than the plan's is refused."""
-    rig = Rig(layers=2, reqs=1)
+    rig = Rig(layers=2, reqs=1, order=order)
     rig.prefill([0], [60])
     rig.c.begin_step([0], [61])
     rig.m.begin_step([0], [61])
@@ -253,6 +305,39 @@ def test_sizes_and_host_page_shuffle():
     assert len(set(pages.tolist())) == 10 and sorted(pages.tolist()) != pages.tolist()
 
 
+@pytest.mark.parametrize("order", ["upstream", "position"])
+@pytest.mark.parametrize("gran", ["token", "page"])
+def test_declared_footprint_is_what_it_allocates(gran, order):
+    """``footprint_of`` (what the capacity scenario counts) equals the bytes of the device
+    tensors allocated; the resolve scratch is per batch row, shared by the layers: upstream
+    ``2 k_pad + 2 C + cdiv(max_seq_len, unit)`` int32 (stamps per unit), position
+    ``3 k_pad + C``."""
+    kw = dict(num_layers=3, max_requests=5, max_seq_len=1000, row_bytes=16, top_k=12,
+              device_buffer_size=48, page_size=8, load_granularity=gran, lru_order=order)
+    c = HiSparseCoordinator(**kw, device="cpu")
+    dev = sum(t.numel() * t.element_size() for t in (
+        c.device_kv, c.slot_unit, c.lru, c.host_page_table, c.out, c.plan, c.counts, c.scratch))
+    assert HiSparseCoordinator.footprint_of(**kw) == (dev, c.host_kv.numel())
+    unit = 8 if gran == "page" else 1
+    C = 48 // unit
+    width = 2 * 16 + 2 * C + -(-1000 // unit) if order == "upstream" else 3 * 16 + C
+    assert tuple(c.scratch.shape) == (5, width) and c.scratch.dtype == torch.int32
+
+
+def test_resolve_launch_validation_and_defaults():
+    with pytest.raises(ValueError, match="block_c must be a power of two"):
+        ResolveLaunch(block_c=24)
+    with pytest.raises(ValueError, match="num_warps must be one of"):
+        ResolveLaunch(num_warps=3)
+    assert ResolveLaunch().resolved(2048, 4096, True) == (4096, 8)
+    assert ResolveLaunch().resolved(2048, 4096, False) == (1024, 8)
+    assert ResolveLaunch(num_warps=16).resolved(16, 24, True) == (32, 16)
+    c = HiSparseCoordinator(num_layers=1, max_requests=1, max_seq_len=64, row_bytes=8, top_k=4,
+                            page_size=4, device="cpu")
+    with pytest.raises(ValueError, match="resolve_launch must be a ResolveLaunch"):
+        c.set_resolve_launch({"num_warps": 4})
+
+
 def test_host_pool_exhaustion_is_oom():
     c = HiSparseCoordinator(num_layers=1, max_requests=2, max_seq_len=64, row_bytes=8,
                             top_k=4, page_size=4, host_rows=32, device="cpu")
@@ -266,6 +351,7 @@ def test_host_pool_exhaustion_is_oom():
     (dict(load_granularity="page", device_buffer_size=30, page_size=4), "multiple of page_size"),
     (dict(load_granularity="block"), "load_granularity"),
     (dict(copy_engine="dma"), "copy_engine"),
+    (dict(lru_order="fifo"), "lru_order must be one of"),
     (dict(row_bytes=0), "row_bytes"),
 ])
 def test_constructor_validation(kwargs, match):
@@ -302,13 +388,14 @@ def test_selection_and_call_validation():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("order", ["upstream", "position"])
 @pytest.mark.parametrize("gran", ["token", "page"])
-def test_gpu_uva_dsv32_size(gran):
+def test_gpu_uva_dsv32_size(gran, order):
     """On the GPU: pinned host pool read over UVA, 656 B rows, top_k 2048, D 4096, 64-token
     pages; several steps with ~60% overlap, checked against the model and the host bytes."""
     D, K, P = 4096, 2048, 64
     rig = Rig(layers=1, reqs=2, max_seq=20000, row_bytes=656, top_k=K, D=D, P=P, gran=gran,
-              device="cuda")
+              order=order, device="cuda")
     assert rig.c.host_kv.is_pinned()
     reqs, lens = [1, 0], [16000, 3000]             # long and short
     rig.prefill(reqs, lens)
@@ -329,3 +416,38 @@ def test_gpu_uva_dsv32_size(gran):
             prev[b] = row
             sel.append(row)
         rig.swap(reqs, seq, sel)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="in-process CPU points need TRITON_INTERPRET=1")
+def test_backend_lru_order_setting(tmp_path):
+    """``hisparse.lru_order`` reaches the coordinator and the result row, in both orders the
+    point is correct (checked against the reference by the runner), and a bad value names the
+    field and its choices."""
+    from backends.base import ConfigError
+    from backends.hisparse import HiSparseBackend, HiSparseSettings
+    from cli import compose
+    from harness.config import ModelConfig, load_model_preset
+    from harness.workload import Workload
+    from harness import results
+    from harness.runner import run_point
+    from harness.validate import validate
+    point = ["device=cpu", "model=tiny", "backend=hisparse", "top_k=16",
+             "hisparse.device_buffer_size=24", "page_size=8", "context_len=60", "batch_size=2",
+             "steps=3", "timing.warmup_steps=1", "num_layers=1", "step_overlap=0.6",
+             "report=false"]
+    for order in ("upstream", "position"):
+        cfg = compose(*point, f"hisparse.lru_order={order}")
+        validate(cfg)
+        run_point(cfg, torch.device("cpu"), tmp_path / order, "python -m harness ...", "h")
+        row = results.load(tmp_path / order).iloc[0]
+        assert row["status"] == "ok", row["error"]
+        assert row["lru_order"] == order and row["misses"] > 0
+        be = HiSparseBackend(Workload.build(
+            model=ModelConfig(**load_model_preset("tiny")), device=torch.device("cpu"),
+            kv_dtype="bf16", page_size=8, seq_lens=np.array([[40, 50]], dtype=np.int32),
+            topk=np.zeros((1, 1, 2, 16), dtype=np.int32), top_k=16, num_layers=1, seed=0),
+            HiSparseSettings(24, "token", "uva_kernel", "triton", order))
+        assert be.coord.lru_order == order
+    with pytest.raises(ConfigError, match=r"hisparse\.lru_order.*upstream.*position"):
+        validate(compose(*point, "hisparse.lru_order=fifo"))

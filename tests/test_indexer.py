@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from backends.kernels.indexer import (indexer_logits_paged, indexer_logits_ragged,
+from backends.kernels.indexer import (IndexerLaunch, indexer_logits_paged, indexer_logits_ragged,
                                       validate_indexer_paged_inputs)
 from backends.kernels.index_cache import IndexKeyCache, quantize_index_keys
 from harness.indexer_ref import indexer_logits_paged_ref, indexer_logits_ragged_ref
@@ -205,3 +205,54 @@ def test_gpu_dsv32_ragged():
     fin = torch.isfinite(ref)
     assert torch.equal(fin, torch.isfinite(out))
     assert (out[fin] - ref[fin]).abs().max().item() <= 1e-5 * ref[fin].abs().max().item()
+
+
+#: launch variants the indexer bench times: each must give the reference's logits
+LAUNCH_VARIANTS = {
+    "default_tok256": IndexerLaunch(tokens_per_program=256),
+    "prefetch_tok256": IndexerLaunch(prefetch=True, tokens_per_program=256),
+    "prefetch_n32_tok128": IndexerLaunch(block_n=32, prefetch=True, tokens_per_program=128),
+    "prefetch_n128_w8": IndexerLaunch(block_n=128, num_warps=8, tile_in_page=False,
+                                      prefetch=True, tokens_per_program=256),
+    "prefetch_scattered": IndexerLaunch(prefetch=True, tile_in_page=False,
+                                        tokens_per_program=512),
+    "prefetch_pps1": IndexerLaunch(programs_per_sm=1, prefetch=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAUNCH_VARIANTS))
+@pytest.mark.parametrize("fmt", ["fp8", "bf16"])
+def test_paged_launch_variants_match_reference(name, fmt, device):
+    """Several tiles per program (prefetch across tiles and pages: the 300-token row spans 5
+    pages), rows ending mid-tile and mid-page, an empty row, scrambled pages, programs wholly
+    past a row's length: every variant equals the reference."""
+    launch = LAUNCH_VARIANTS[name]
+    lens = [300, 0, 129, 64, 1]
+    k_cache, bt, q, w, seq = make_paged(fmt, 5, 16, 32, 64, lens, device, seed=21)
+    out = indexer_logits_paged(q, w, k_cache, bt, seq, max_len=320, launch=launch)
+    ref = indexer_logits_paged_ref(q.cpu(), w.cpu(), k_cache.cpu(), bt.cpu(), seq.cpu(),
+                                   max_len=320)
+    assert_logits_close(out.cpu(), ref)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "bf16"])
+def test_ragged_prefetch_matches_reference(fmt, device):
+    q, w, k, ks, ke, sc = _ragged_problem(fmt, device, seed=13)
+    launch = IndexerLaunch(block_n=16, tokens_per_program=64, prefetch=True)
+    out = indexer_logits_ragged(q, w, k, ks, ke, k_scales=sc, launch=launch)
+    ref = indexer_logits_ragged_ref(q.cpu(), w.cpu(), k.cpu(), ks.cpu(), ke.cpu(),
+                                    None if sc is None else sc.cpu())
+    assert_logits_close(out.cpu(), ref)
+
+
+def test_launch_validation_errors():
+    with pytest.raises(ValueError, match="IndexerLaunch.block_n"):
+        IndexerLaunch(block_n=48)
+    with pytest.raises(ValueError, match="IndexerLaunch.max_tokens_per_program"):
+        IndexerLaunch(max_tokens_per_program=8)
+    with pytest.raises(ValueError, match="IndexerLaunch.num_warps"):
+        IndexerLaunch(num_warps=3)
+    with pytest.raises(ValueError, match="IndexerLaunch.tokens_per_program"):
+        IndexerLaunch(tokens_per_program=100)
+    with pytest.raises(ValueError, match="IndexerLaunch.programs_per_sm"):
+        IndexerLaunch(programs_per_sm=0)

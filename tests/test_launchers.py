@@ -29,7 +29,8 @@ SAME = ["status", "config_hash", "repro_command", "page_size", "top_k", "tokens_
 
 
 def harness(*args, env=None, timeout=240):
-    e = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    e = {**os.environ, "PYTHONPATH": path, **(env or {})}
     return subprocess.run([sys.executable, "-m", "harness", *args], cwd=REPO, env=e,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -198,7 +199,8 @@ def test_slurm_submits_one_array_job_with_the_configured_resources(tmp_path):
     for f in bin_dir.iterdir():
         f.chmod(0o755)
     sweep = tmp_path / "sweep"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "harness", *SWEEP, "report=false", f"hydra.sweep.dir={sweep}",
          "hydra/launcher=slurm", "hydra.launcher.partition=h200", "hydra.launcher.timeout_min=30",

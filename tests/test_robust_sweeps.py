@@ -278,7 +278,7 @@ def test_summary_counts_running_and_missing_points(tmp_path):
 # ------------------------------------------------------------------ a sweep directory you can find again
 
 def test_same_preset_command_resumes_its_directory_and_latest_points_at_it(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     args = ["+sweep=cpu_smoke", *[a for a in TINY if not a.startswith("steps")], "page_size=16",
             "steps=2", "report=false"]
     first = harness(*args, cwd=tmp_path, env=env)

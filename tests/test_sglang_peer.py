@@ -2,11 +2,14 @@
 upstream's kernel and the lockstep comparison: harness/sglang_model.py).
 
 CPU: the state mapping (ours <-> upstream's buffers) round-trips against harness/lru_model.py,
-the pure-Python model of upstream's policy agrees with ours in lockstep (and differs, free
-running, only through the order of hit slots), and the whole peer pipeline runs against our
-coordinator with the model standing in for the kernel. The build (nvcc, no GPU) runs when the
-upstream sources are staged. GPU: upstream's compiled kernel against our coordinator.
+the pure-Python model of upstream's policy agrees with ours in lockstep (exactly in our default
+``lru_order=upstream``; in ``position`` order but the order of hit slots, which makes free
+running traces diverge), our coordinator equals upstream's model free running for 50 steps
+(slots, LRU, hits, misses, bytes), and the whole peer pipeline runs against our coordinator with
+the model standing in for the kernel. The build (nvcc, no GPU) runs when the upstream sources
+are staged. GPU: upstream's compiled kernel against our coordinator, in lockstep and free running.
 """
+import os
 import shutil
 
 import numpy as np
@@ -98,10 +101,11 @@ def test_canonical_selection_and_back():
 
 
 # ------------------------------------------------------------------ the upstream model
-def _lockstep(D, P, K, seqs, steps, seed):
-    """Ours (HotBufferModel) and upstream's model from the same state every step."""
+def _lockstep(D, P, K, seqs, steps, seed, order):
+    """Ours (HotBufferModel in ``order``) and upstream's model from the same state every step;
+    returns the number of steps whose LRU orders differ."""
     rng = np.random.default_rng(seed)
-    ours = [HotBufferModel(D, P, "token") for _ in seqs]
+    ours = [HotBufferModel(D, P, "token", order) for _ in seqs]
     for b, s in enumerate(seqs):
         ours[b].prefill(s)
     lru_differs = 0
@@ -128,21 +132,28 @@ def _lockstep(D, P, K, seqs, steps, seed):
 
 
 def test_upstream_model_equals_ours_in_lockstep_but_hit_order():
-    assert _lockstep(D=16, P=4, K=8, seqs=[9, 16, 17, 60], steps=12, seed=2) > 0
-    _lockstep(D=8, P=4, K=8, seqs=[30], steps=8, seed=3)      # top_k == D
+    assert _lockstep(D=16, P=4, K=8, seqs=[9, 16, 17, 60], steps=12, seed=2, order="position") > 0
+    _lockstep(D=8, P=4, K=8, seqs=[30], steps=8, seed=3, order="position")      # top_k == D
+
+
+def test_upstream_model_equals_ours_in_lockstep_upstream_order():
+    assert _lockstep(D=16, P=4, K=8, seqs=[9, 16, 17, 60], steps=12, seed=2, order="upstream") == 0
+    assert _lockstep(D=8, P=4, K=8, seqs=[30], steps=8, seed=3, order="upstream") == 0
 
 
 def test_free_running_hit_order_changes_later_misses():
     """Hits keep their previous LRU order upstream, ascending position here: after step 2 the
     orders differ, step 3 evicts a different slot, step 4 hits upstream and misses here."""
     D, seq = 4, 100                                     # top_k 3
-    ours = HotBufferModel(D, 1, "token")
-    ours.prefill(seq)                                   # slots hold 0..3, LRU [0, 1, 2, 3]
-    up = sm.UpstreamHotBuffer.from_model(ours)
     trace = [[0, -1, -1], [0, 1, -1], [10, 11, 12], [0, -1, -1]]
-    got = [(ours.step(seq, s).misses, up.step(seq, s).misses) for s in trace]
-    assert ours.lru != up.lru
-    assert got == [(0, 0), (0, 0), (3, 3), (1, 0)]
+    for order, want in (("position", [(0, 0), (0, 0), (3, 3), (1, 0)]),
+                        ("upstream", [(0, 0), (0, 0), (3, 3), (0, 0)])):
+        ours = HotBufferModel(D, 1, "token", order)
+        ours.prefill(seq)                               # slots hold 0..3, LRU [0, 1, 2, 3]
+        up = sm.UpstreamHotBuffer.from_model(ours)
+        got = [(ours.step(seq, s).misses, up.step(seq, s).misses) for s in trace]
+        assert (ours.lru != up.lru) == (order == "position")
+        assert got == want, order
 
 
 def test_upstream_model_refuses_duplicates_and_keeps_untouched_outputs():
@@ -204,6 +215,7 @@ def test_peer_pipeline_with_model_kernel_against_coordinator():
     totals = _lockstep_peer(ours, pools, peer, kv, reqs=[2, 0, 1], lens=[10, 23, 50], steps=5,
                             seed=4, dtype=torch.int64)
     assert sum(m for _, m, _ in totals) > 0 and sum(h for h, _, _ in totals) > 0
+    assert all(exact for _, _, exact in totals)        # our default order is upstream's
 
 
 def _free_running(pools, peer, kv, reqs, lens, steps, seed):
@@ -244,6 +256,82 @@ def test_peer_free_running_with_model_kernel():
     _, pools, kv = _pair("cpu", L=1)
     peer = sm.modelled_peer(pools)
     _free_running(pools, peer, kv, reqs=[1, 0], lens=[20, 40], steps=8, seed=5)
+
+
+def _contract_row(rng, resident, s, K, D):
+    """A selection row upstream's kernel takes as is (distinct positions < ``s``): a short
+    request's compacted with -1 at the end; a long request's with >= 2 of the ``resident``
+    positions, others (misses, further hits, sometimes the newest token) and -1 anywhere, in
+    random order (misses are taken in selection order)."""
+    if s <= D:
+        n = int(rng.integers(1, min(s, K) + 1))
+        return np.concatenate([rng.permutation(s)[:n], np.full(K - n, -1)])
+    resident = [u for u in resident if 0 <= u < s - 1]
+    n_hit = int(rng.integers(2, K // 2 + 1))
+    hits = rng.choice(resident, n_hit, replace=False)
+    rest = np.setdiff1d(np.arange(s - 1), hits)
+    n_other = int(rng.integers(0, K - n_hit + 1))
+    row = np.concatenate([hits, rng.choice(rest, n_other, replace=False),
+                          np.full(K - n_hit - n_other, -1)])
+    if n_hit + n_other < K and rng.random() < 0.5:
+        row[-1] = s - 1                                     # the newest token
+    rng.shuffle(row)
+    return row
+
+
+def _free_running_vs_upstream(device, make_peer, steps=50, seed=11):
+    """Our coordinator (default ``lru_order=upstream``) and upstream's kernel (``make_peer``),
+    each from its own state, on the same selections for ``steps`` decode steps of layer 0: a
+    request that crosses ``D`` at step 8 and two long ones. At every step the returned rows,
+    hits, misses, slot maps and LRU orders are identical and the rows hold the selected KV."""
+    K, D, P = 16, 48, 16
+    ours, pools, kv = _pair(device, L=1, K=K, D=D, P=P, row_bytes=32, max_seq=200, seed=seed)
+    assert ours.lru_order == "upstream"
+    peer = make_peer(pools)
+    reqs, lens = [2, 0, 1], [40, 60, 100]
+    rng = np.random.default_rng(seed)
+    for c in (ours, pools):
+        c.prefill(reqs, lens)
+    peer.prefill(reqs)
+    req_t = torch.tensor(reqs, dtype=torch.int32, device=device)
+    long_hits = 0
+    for step in range(steps):
+        seqs = [n + 1 + step for n in lens]
+        for c in (ours, pools):
+            c.begin_step(reqs, seqs)
+        peer.begin_step(reqs, seqs)
+        su = ours.slot_unit[0].cpu()
+        sel = np.stack([_contract_row(rng, su[r].tolist(), s, K, D) for r, s in zip(reqs, seqs)])
+        assert sp.selection_contract_error(sel, np.array(seqs), D) is None
+        seq_t = torch.tensor(seqs, dtype=torch.int32, device=device)
+        sel_t = torch.tensor(sel, dtype=torch.int32, device=device)
+        out_o = ours.swap_in_selected_pages(req_t, seq_t, sel_t, 0).cpu()
+        out_p = peer.swap_in_direct(req_t, seq_t, sel_t, 0).cpu()
+        c_o = {k: v.cpu() for k, v in ours.last_counts.items()}
+        c_p = {k: v.cpu() for k, v in peer.last_counts().items()}
+        assert torch.equal(out_o, out_p), step
+        assert torch.equal(c_o["hits"], c_p["hits"]) and torch.equal(c_o["misses"], c_p["misses"]), \
+            (step, c_o["hits"], c_p["hits"], c_o["misses"], c_p["misses"])
+        su_p, lru_p = (t.cpu() for t in peer.state(0))
+        idx = torch.tensor(reqs)
+        assert torch.equal(ours.slot_unit[0].cpu()[idx], su_p[idx]), step
+        assert torch.equal(ours.lru[0].cpu()[idx], lru_p[idx]), step
+        for name, c in (("ours", ours), ("upstream", pools)):
+            pool = c.device_pool(0).cpu()
+            for b, r in enumerate(reqs):
+                live = torch.from_numpy(sel[b] >= 0)
+                got = pool[(out_o if name == "ours" else out_p)[b][live].long()]
+                assert torch.equal(got, kv[0, r, torch.from_numpy(sel[b])[live].long()]), (name, step)
+        long_hits += sum(int(c_o["hits"][b]) >= 2 for b, s in enumerate(seqs) if s > D)
+    assert long_hits >= 2 * steps            # every long row of every step had >= 2 hits
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="our coordinator on CPU tensors needs TRITON_INTERPRET=1")
+def test_free_running_50_steps_equal_upstream_model():
+    """CPU: our coordinator against upstream's policy (``UpstreamHotBuffer`` standing in for
+    the kernel through ``ModelSwapInKernel``), free running."""
+    _free_running_vs_upstream("cpu", sm.modelled_peer)
 
 
 # ------------------------------------------------------------------ contract, config, no GPU
@@ -368,6 +456,13 @@ def test_gpu_lockstep_dsv32_size():
         bad = [k for k in ("slots", "slot_map", "misses", "hits", "pool", "lru_prefix",
                            "lru_hit_set", "model") if not rep[k]]
         assert not bad, (step, bad, rep)
+
+
+@pytest.mark.gpu
+def test_gpu_free_running_50_steps_equal_sglang_kernel():
+    """GPU: our coordinator against SGLang's compiled kernel, each free running on its own
+    state for 50 steps: identical slots, hits, misses, slot maps and LRU at every step."""
+    _free_running_vs_upstream("cuda", _gpu_peer)
 
 
 @pytest.mark.gpu

@@ -183,3 +183,97 @@ def test_dsv32_size_gpu(kv_dtype, b):
     out16, lse16 = sparse_mla_decode(q, cache, idx, 576 ** -0.5, 512, mma_dtype=torch.float16)
     assert ((out16.float() - out.float()).norm() / out.float().norm()).item() <= REL_TOL
 
+
+
+# ------------------------------- launch info and the tuning grid -------------------------------
+
+def test_with_info_reports_the_launch(device):
+    from backends.kernels.sparse_mla_decode import sparse_mla_decode_with_info
+    q, cache, idx = _inputs(81, b=2, h=16, d_nope=256, d_rope=64, k=100, num_slots=300,
+                            kv_dtype="bf16", device=device)
+    out, lse, info = sparse_mla_decode_with_info(q, cache, idx, 0.1, 256, block_n=32)
+    ref_out, ref_lse = sparse_mla_decode(q, cache, idx, 0.1, 256, block_n=32)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    # defaults resolved: block_h = 16 for H=16, bf16 -> 2 stages, splits from the heuristic
+    assert (info.block_h, info.block_n, info.num_warps, info.num_stages, info.prefetch) == (
+        16, 32, 8, 2, "index")
+    assert info.num_splits == choose_num_splits(2, 16, 100, block_h=16, block_n=32)
+    # a split count past the 4 tiles is cut to one tile per split; 3 of 4 tiles -> 2 splits of 2
+    assert sparse_mla_decode_with_info(q, cache, idx, 0.1, 256, block_n=32, num_splits=64)[2].num_splits == 4
+    assert sparse_mla_decode_with_info(q, cache, idx, 0.1, 256, block_n=32, num_splits=3)[2].num_splits == 2
+    kw = info.launch_kwargs()
+    assert kw["num_splits"] == info.num_splits
+    again, _ = sparse_mla_decode(q, cache, idx, 0.1, 256, **kw)
+    assert torch.equal(again, out)
+    if device.type == "cpu":                     # nothing compiled under the interpreter
+        assert info.n_regs is None and info.n_spills is None and info.smem_bytes is None
+    else:
+        assert 0 < info.n_regs <= 255 and info.n_spills >= 0 and info.smem_bytes > 0
+
+
+def _tune_kernel_paths():
+    """The tuning grid's variants, one per distinct code path in the interpreter (warps and
+    pipeline stages change nothing there)."""
+    from harness.bench.attention import TUNE
+    seen = {}
+    for shape in TUNE:
+        for name, kw, formats in shape.variants:
+            key = tuple(sorted((k, v) for k, v in kw.items() if k not in ("num_warps", "num_stages")))
+            seen.setdefault(key, (f"{shape.name}:{name}", kw, formats))
+    return list(seen.values())
+
+
+@pytest.mark.parametrize("name, kw, formats", _tune_kernel_paths(), ids=lambda v: v if isinstance(v, str) else "")
+def test_tuning_variants_match_reference(device, name, kw, formats):
+    # H=16 (one head block; block_h=64 pads it), K=200: 4 tiles of 64, 7 of 32, 13 of 16, so
+    # every split count of the grid is clamped or cuts tiles unevenly
+    for kv_dtype in formats:
+        q, cache, idx = _inputs(91, b=2, h=16, d_nope=256, d_rope=64, k=200, num_slots=500,
+                                kv_dtype=kv_dtype, device=device)
+        _check(q, cache, idx, 256, kv_dtype, **kw)
+
+
+def test_tune_summary_picks_the_fastest_correct_variant():
+    from harness.bench.attention import tune_summary
+    base = {"case": "B8", "kv_dtype": "bf16", "kernel": "sparse_mla_decode"}
+    rows = [
+        {**base, "kernel": "flashmla", "variant": None, "status": "ok", "latency_us_median": 50.0},
+        {**base, "variant": "default", "status": "ok", "latency_us_median": 40.0, "tflops": 1.0,
+         "launch_config": '{"num_splits": 8}', "n_regs": 255, "n_spills": 1, "smem_bytes": 2048},
+        {**base, "variant": "fast_wrong", "status": "incorrect", "latency_us_median": 10.0},
+        {**base, "variant": "n32", "status": "ok", "latency_us_median": 30.0, "tflops": 2.0,
+         "launch_config": '{"num_splits": 16}', "n_regs": 200, "n_spills": 0, "smem_bytes": 4096},
+        {**base, "variant": "oom", "status": "invalid"},
+        {**base, "kv_dtype": "fp8_ds_mla", "kernel": "flashmla", "status": "unavailable"},
+        {**base, "kv_dtype": "fp8_ds_mla", "variant": "default", "status": "ok",
+         "latency_us_median": 70.0, "tflops": 3.0, "launch_config": '{"num_splits": 4}'},
+        {"kernel": "convert_req_index_to_global_index", "case": "B8", "kv_dtype": "bf16",
+         "status": "ok", "latency_us_median": 1.0},
+    ]
+    bf16, fp8 = tune_summary(rows)
+    assert (bf16["variant"], bf16["ours_us"], bf16["default_us"], bf16["flashmla_us"]) == ("n32", 30.0, 40.0, 50.0)
+    assert bf16["ratio"] == pytest.approx(0.6) and bf16["num_splits"] == 16 and bf16["tflops"] == 2.0
+    assert (bf16["n_regs"], bf16["n_spills"], bf16["smem_kb"], bf16["n_ok"]) == (200, 0, 4.0, 2)
+    assert bf16["not_ok"] == "fast_wrong:incorrect oom:invalid"
+    assert fp8["variant"] == "default" and fp8["ours_us"] == 70.0
+    assert math.isnan(fp8["flashmla_us"]) and math.isnan(fp8["ratio"]) and fp8["n_regs"] is None
+
+
+def test_tune_quick_runs_every_variant_against_the_reference(tmp_path, capsys):
+    from harness import results
+    from harness.bench.__main__ import main
+    from harness.bench.attention import TUNE_QUICK
+    import json
+    rc = main(["run", "attention", "--quick", "--tune", "--formats", "bf16", "--out", str(tmp_path)])
+    df = results.load(tmp_path)
+    ours = df[df["kernel"] == "sparse_mla_decode"]
+    assert list(ours["variant"]) == [v[0] for v in TUNE_QUICK[0].variants]
+    assert set(ours["status"]) == {"ok"} and (ours["max_rel_err"] <= 1e-2).all()
+    # the resolved launch: every keyword argument, the split count actually launched
+    cfg = dict(zip(ours["variant"], map(json.loads, ours["launch_config"])))
+    assert cfg["split3_n32"]["num_splits"] == 3 and cfg["split3_n32"]["block_n"] == 32
+    assert set(cfg["default"]) == {"block_h", "block_n", "num_warps", "num_stages", "num_splits", "prefetch"}
+    theirs = df[df["kernel"] == "flashmla"]
+    if not torch.cuda.is_available():
+        assert rc == 0 and list(theirs["status"]) == ["unavailable"]
+    assert "fastest correct variant per shape" in capsys.readouterr().out

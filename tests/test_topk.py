@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from backends.kernels.topk import (candidate_capacity, plan_build_count, plan_topk, topk_per_row,
-                                   validate_topk_inputs)
+from backends.kernels.topk import (TopkLaunch, candidate_capacity, plan_build_count, plan_topk,
+                                   topk_per_row, validate_topk_inputs)
 from harness.indexer_ref import topk_ref
 
 
@@ -183,3 +183,64 @@ def test_gpu_dsv32_size(ctx):
     tied = (logits * 4).round()
     pos = topk_per_row(tied, lengths, k, plan=plan)
     assert torch.equal(pos.cpu(), topk_ref(tied.cpu(), lengths.cpu(), k))
+
+
+#: the top-k launch variants that change the threshold path (the bench times them)
+THRESHOLD_VARIANTS = {
+    "fused": TopkLaunch(fuse_threshold=True),
+    "window": TopkLaunch(threshold_window=True),
+    "fused_window": TopkLaunch(fuse_threshold=True, threshold_window=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(THRESHOLD_VARIANTS))
+def test_threshold_variants_exact(name, device):
+    """Mixed lengths over several chunks, heavy ties, +-0 and -inf, an all-equal row: the
+    result equals the stable-sort reference (ascending positions, ties to lower positions)."""
+    launch = THRESHOLD_VARIANTS[name]
+    k = 16
+    g = torch.Generator().manual_seed(9)
+    lengths = torch.tensor([0, 5, 64, 65, 300, 777, 1000, 1000, 1000, 900], dtype=torch.int32)
+    B, N = lengths.shape[0], 1000
+    logits = torch.randn(B, N, generator=g) * torch.rand(B, 1, generator=g) * 30
+    logits[6] = torch.randint(-3, 4, (N,), generator=g).float()
+    logits[7] = 1.5
+    logits[8, ::3] = float("-inf")
+    logits[9] = torch.tensor([-0.0, 0.0, -1.0])[torch.randint(0, 3, (N,), generator=g)]
+    lengths_d = lengths.to(device)
+    plan = plan_topk(lengths_d, k, chunk_size=128)
+    pos = topk_per_row(logits.to(device), lengths_d, k, plan=plan, launch=launch)
+    assert_valid_topk(pos.cpu(), logits, lengths, k)
+    assert torch.equal(pos.cpu(), topk_ref(logits, lengths, k))
+    # the candidate counts of the random long rows lie in [k, cap] (the fast path was taken)
+    for b in (4, 5):
+        assert k <= int(plan.counts[b].sum()) <= plan.cap
+
+
+def test_threshold_window_adversarial_falls_back(device):
+    """High values exactly at the sample positions (too few candidates): the windowed, fused
+    threshold still ends in the exact whole-row path."""
+    k, n = 8, 500
+    cap = candidate_capacity(k)
+    sample = min(2048, cap)
+    logits = torch.randn(1, n, generator=torch.Generator().manual_seed(12)) - 10.0
+    samp = (torch.arange(sample) * n) // sample
+    logits[0, samp] = 10.0 + torch.rand(sample, generator=torch.Generator().manual_seed(13))
+    lengths = torch.tensor([n], dtype=torch.int32)
+    lengths_d = lengths.to(device)
+    plan = plan_topk(lengths_d, k, chunk_size=128)
+    pos = topk_per_row(logits.to(device), lengths_d, k, plan=plan,
+                       launch=TopkLaunch(fuse_threshold=True, threshold_window=True))
+    assert int(plan.counts.sum()) < k
+    assert torch.equal(pos.cpu(), topk_ref(logits, lengths, k))
+
+
+def test_launch_validation():
+    with pytest.raises(ValueError, match="TopkLaunch.radix_bits"):
+        TopkLaunch(radix_bits=3)
+    with pytest.raises(ValueError, match="TopkLaunch.scan_block_max"):
+        TopkLaunch(scan_block_max=1000)
+    with pytest.raises(ValueError, match="TopkLaunch.select_warps"):
+        TopkLaunch(select_warps=6)
+    with pytest.raises(ValueError, match="TopkLaunch.scan_stages"):
+        TopkLaunch(scan_stages=0)

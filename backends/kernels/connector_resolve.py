@@ -10,17 +10,18 @@ Per selected position ``p`` of batch row ``b`` (order of vLLM's ``hisparse_resol
    a row whose every selected position is resident (or -1) stops here: the hot state is neither
    read nor written and nothing is copied;
 2. hot row: the request's hot region (``hot_state[b] >= 0``) resolves the rest with the exact LRU
-   of ``backends/hisparse_coordinator.py`` in token mode (``resolve_hot_selection`` /
-   ``hot_buffer_rows`` of ``backends/kernels/swap_in.py``, with the resident entries masked out),
-   newest token in the region's reserved row;
+   of ``backends/hisparse_coordinator.py`` in token mode and its ``upstream`` order, which is
+   also vLLM's (misses take victims in selection order, hits keep their previous LRU order;
+   ``resolve_upstream_order`` / ``hot_buffer_rows`` of ``backends/kernels/swap_in.py``, with the
+   resident entries masked out), newest token in the region's reserved row;
 3. host row: each miss is copied by the same program from the pinned host pool (read in place
    over UVA, ``copy_row_tile``) into the victim hot row the LRU chose.
 
 No host sync and no device scalar read-back: the grid is ``(B,)`` and every count stays on the
 device, so the call can be captured in a CUDA graph.
 
-Why one program per request: the LRU resolution of a request is one sort and one walk of its
-LRU order, and the copy of its misses must follow it; inside one program a barrier orders them,
+Why one program per request: the LRU resolution of a request is one stamp pass over its
+selection and one walk of its LRU order, and the copy of its misses must follow it; inside one program a barrier orders them,
 across programs only a second launch could (vLLM's own code uses a second kernel,
 ``hisparse_gather_compact``, for the copy). The price is copy parallelism at small batch: each
 program keeps ``COPY_ROWS`` rows in flight, so a batch of a few requests cannot fill the
@@ -34,7 +35,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from backends.kernels.swap_in import copy_row_tile, hot_buffer_rows, resolve_hot_selection
+from backends.kernels.host_copy import copy_row_tile
+from backends.kernels.swap_in import hot_buffer_rows, resolve_upstream_order
 
 #: columns of the per-row counts (int64)
 CONNECTOR_COUNT_FIELDS = ("resident_hits", "hot_hits", "misses", "tokens_loaded", "bytes_h2d")
@@ -52,10 +54,9 @@ def connector_resolve_kernel(
     plan_ptr, plan_stride,
     counts_ptr, counts_stride,
     scratch_ptr, scratch_stride,
-    K, D, HOT_BASE, HOT_STRIDE, ROW_BYTES,
-    PAGE: tl.constexpr, K_PAD: tl.constexpr, LOG_K_PAD: tl.constexpr, BLOCK_C: tl.constexpr,
-    SEARCH_STEPS: tl.constexpr, WORDS: tl.constexpr, VEC: tl.constexpr,
-    GROUP_BLOCK: tl.constexpr, COPY_ROWS: tl.constexpr,
+    K, D, HOT_BASE, HOT_STRIDE, ROW_BYTES, MAX_POSITIONS,
+    PAGE: tl.constexpr, K_PAD: tl.constexpr, BLOCK_C: tl.constexpr, WORDS: tl.constexpr,
+    VEC: tl.constexpr, GROUP_BLOCK: tl.constexpr, COPY_ROWS: tl.constexpr,
 ):
     """One program per batch row ``b``.
 
@@ -73,7 +74,8 @@ def connector_resolve_kernel(
       out_ptr        [B, K] int32       physical row in the device pool of each entry, -1 for -1
       plan_ptr       [H, 1 + 2*K] int32 miss plan of the hot row (count, host rows, device rows)
       counts_ptr     [B, 5] int64       CONNECTOR_COUNT_FIELDS
-    Scratch: [H, 3*K_PAD + D] int32. Hot region of state row ``h``: device rows
+    Scratch: [H, 2*K_PAD + 2*D + MAX_POSITIONS] int32 (``resolve_scratch_width``; positions of
+    a row are below ``MAX_POSITIONS``, the stamp table's size). Hot region of state row ``h``: device rows
     ``HOT_BASE + h * HOT_STRIDE ..``: ``D`` LRU rows, then the newest token's reserved row.
     """
     b = tl.program_id(0)
@@ -98,15 +100,13 @@ def connector_resolve_kernel(
         base = HOT_BASE + h * HOT_STRIDE
         scr = scratch_ptr + h.to(tl.int64) * scratch_stride
         plan = plan_ptr + h.to(tl.int64) * plan_stride
-        unit, is_newest, long_blk, is_long, n_uniq, n_live, n_hit, n_miss, newest_hit, overflow = \
-            resolve_hot_selection(
+        unit, ref, is_newest, long_blk, is_long, n_uniq, n_hit, n_miss, newest_hit, overflow = \
+            resolve_upstream_order(
                 pos, valid, resident, seq, h.to(tl.int64) * D, base, slot_pos_ptr, lru_ptr,
                 host_table_ptr + b.to(tl.int64) * host_table_stride, plan, scr, K, D, D, K,
-                UNIT=1, PAGE=PAGE, K_PAD=K_PAD, LOG_K_PAD=LOG_K_PAD, BLOCK_C=BLOCK_C,
-                SEARCH_STEPS=SEARCH_STEPS)
-        hot = hot_buffer_rows(pos, unit, valid, resident, is_newest, long_blk, is_long, overflow,
-                              base, scr, n_uniq, n_live, D, UNIT=1, PAGE=PAGE, PAGE_MODE=False,
-                              K_PAD=K_PAD, SEARCH_STEPS=SEARCH_STEPS)
+                MAX_POSITIONS, UNIT=1, PAGE=PAGE, K_PAD=K_PAD, BLOCK_C=BLOCK_C)
+        hot = hot_buffer_rows(pos, ref, valid, is_newest, is_long, overflow, base, scr, D,
+                              UNIT=1, PAGE=PAGE, PAGE_MODE=False, K_PAD=K_PAD, UPSTREAM=True)
         tl.store(out, tl.where(resident, resident_row, hot), mask=offs < K)
         # ---- 3. misses: host rows -> victim hot rows, by this program ----------------------
         for r0 in range(0, n_miss, COPY_ROWS):

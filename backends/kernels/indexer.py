@@ -69,12 +69,35 @@ def _pow2_to_f16(x, axis: tl.constexpr):
 
 
 @triton.jit
+def _tile_pages(bt_row, t0, t, length, PAGE: tl.constexpr, TILE_IN_PAGE: tl.constexpr):
+    """int64 physical page of a tile's tokens ``t = t0 + arange(BLOCK_N)``: a scalar (the tile
+    lies in one page) or one per token; 0 for tokens at or past ``length`` (never read)."""
+    if TILE_IN_PAGE:
+        page = tl.load(bt_row + t0 // PAGE, mask=t0 < length, other=0).to(tl.int64)
+    else:
+        page = tl.load(bt_row + t // PAGE, mask=t < length, other=0).to(tl.int64)
+    return page
+
+
+@triton.jit
+def _tile_scales(s_ptr, page, t, start, length, stride_spage, PAGE: tl.constexpr,
+                 D: tl.constexpr, PAGED: tl.constexpr):
+    """float32 fp8 scales of the tokens ``t`` (1.0 past ``length``: those logits become -inf)."""
+    if PAGED:
+        s_off = page * stride_spage + (PAGE * D) // 4 + t % PAGE
+    else:
+        s_off = (start + t).to(tl.int64)
+    return tl.load(s_ptr + s_off, mask=t < length, other=1.0)
+
+
+@triton.jit
 def _indexer_logits_kernel(
         q_ptr, w_ptr, k_ptr, s_ptr, bt_ptr, start_ptr, len_ptr, out_ptr,
         stride_qm, stride_qh, stride_wm, stride_bt, stride_kpage, stride_spage, stride_kn,
         stride_om, max_len, tiles_per_prog,
         H: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-        KV_FP8: tl.constexpr, PAGED: tl.constexpr, TILE_IN_PAGE: tl.constexpr):
+        KV_FP8: tl.constexpr, PAGED: tl.constexpr, TILE_IN_PAGE: tl.constexpr,
+        PREFETCH: tl.constexpr):
     """Logits of one query row for ``tiles_per_prog`` tiles of ``BLOCK_N`` tokens.
 
     PAGED: key of token t at page ``bt[row, t // PAGE]``, in-page slot ``t % PAGE``; fp8 values at
@@ -82,6 +105,12 @@ def _indexer_logits_kernel(
     bf16 at element ``page * stride_kpage + slot * D``. Ragged: key row ``start[row] + t`` at
     ``(start + t) * stride_kn``, scale at ``start + t``. Row length: ``len[row]`` (paged) or
     ``len[row] - start[row]`` (ragged: ``len_ptr`` holds ``ke``).
+
+    PREFETCH (fp8 keys; no effect on bf16): the fp8 scales are read one tile ahead (their
+    block-table entries, read separately, two tiles ahead) and carried in registers, so their
+    latency does not sit between two tiles: Triton's pipeliner stages only the key and
+    block-table loads (they feed the dot), and without this the scale load waits in every
+    iteration.
     """
     row = tl.program_id(0)
     t_begin = tl.program_id(1) * tiles_per_prog * BLOCK_N
@@ -93,6 +122,7 @@ def _indexer_logits_kernel(
         length = tl.load(len_ptr + row) - start
     length = tl.minimum(tl.maximum(length, 0), max_len)
     out_row = out_ptr + row.to(tl.int64) * stride_om
+    bt_row = bt_ptr + row.to(tl.int64) * stride_bt
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     offs_h = tl.arange(0, H)
@@ -105,22 +135,37 @@ def _indexer_logits_kernel(
         qt, q_inv = _pow2_to_f16(q, 1)
         qt = tl.trans(qt)  # [D, H] float16
         w = w * q_inv
+        if PREFETCH and KV_FP8:
+            # fp8 scales one tile ahead, their block-table entries two tiles ahead (own reads)
+            page0 = 0
+            page_s = 0
+            if PAGED:
+                page0 = _tile_pages(bt_row, t_begin, t_begin + offs_n, length, PAGE, TILE_IN_PAGE)
+                page_s = _tile_pages(bt_row, t_begin + BLOCK_N, t_begin + BLOCK_N + offs_n,
+                                     length, PAGE, TILE_IN_PAGE)
+            scale_nxt = _tile_scales(s_ptr, page0, t_begin + offs_n, start, length,
+                                     stride_spage, PAGE, D, PAGED)
         for i in range(0, n_valid_tiles):
-            t = t_begin + i * BLOCK_N + offs_n
+            t0 = t_begin + i * BLOCK_N
+            t = t0 + offs_n
             valid = t < length
             if PAGED:
+                page = _tile_pages(bt_row, t0, t, length, PAGE, TILE_IN_PAGE)
                 if TILE_IN_PAGE:
                     # the whole tile lies in one page: one block-table read, contiguous keys
-                    t0 = t_begin + i * BLOCK_N
-                    page = tl.load(bt_ptr + row.to(tl.int64) * stride_bt + t0 // PAGE).to(tl.int64)
-                    slot = t0 % PAGE + offs_n
+                    k_off = page * stride_kpage + (t0 % PAGE + offs_n) * D
                 else:
-                    page = tl.load(bt_ptr + row.to(tl.int64) * stride_bt + t // PAGE, mask=valid,
-                                   other=0).to(tl.int64)
-                    slot = t % PAGE
-                k_off = page * stride_kpage + slot * D
+                    k_off = page * stride_kpage + (t % PAGE) * D
             else:
+                page = 0
                 k_off = (start + t).to(tl.int64) * stride_kn
+            if PREFETCH and KV_FP8:
+                scale = scale_nxt
+                scale_nxt = _tile_scales(s_ptr, page_s, t + BLOCK_N, start, length,
+                                         stride_spage, PAGE, D, PAGED)
+                if PAGED:
+                    page_s = _tile_pages(bt_row, t0 + 2 * BLOCK_N, t + 2 * BLOCK_N, length,
+                                         PAGE, TILE_IN_PAGE)
             # rows past the length are left unfilled: each output row depends only on its own
             # key row, and those rows are replaced by -inf below
             k = tl.load(k_ptr + k_off[:, None] + offs_d[None, :], mask=valid[:, None])
@@ -131,11 +176,10 @@ def _indexer_logits_kernel(
             s = tl.dot(k, qt)  # [BLOCK_N, H] float32
             logit = tl.sum(tl.maximum(s, 0.0) * w[None, :], axis=1)
             if KV_FP8:
-                if PAGED:
-                    s_off = page * stride_spage + (PAGE * D) // 4 + slot
-                else:
-                    s_off = (start + t).to(tl.int64)
-                logit = logit * tl.load(s_ptr + s_off, mask=valid, other=0.0)
+                if not PREFETCH:
+                    scale = _tile_scales(s_ptr, page, t, start, length, stride_spage, PAGE, D,
+                                         PAGED)
+                logit = logit * scale
             else:
                 logit = logit * k_inv
             tl.store(out_row + t, tl.where(valid, logit, float("-inf")), mask=t < max_len)
@@ -269,12 +313,15 @@ def validate_indexer_ragged_inputs(q: torch.Tensor, weights: torch.Tensor, k: to
 
 def _launch_shape(rows: int, max_len: int, launch: "IndexerLaunch",
                   device: torch.device) -> Tuple[int, int]:
-    """(tiles per program, programs per row): about ``PROGRAMS_PER_SM`` programs per SM, each
-    at most ``launch.max_tokens_per_program`` tokens (a power-of-two number of tiles)."""
+    """(tiles per program, programs per row): about ``launch.programs_per_sm`` programs per SM,
+    each at most ``launch.max_tokens_per_program`` tokens (a power-of-two number of tiles)."""
     block_n = launch.block_n
     tiles = triton.cdiv(max(max_len, 1), block_n)
+    if launch.tokens_per_program is not None:
+        per_prog = max(1, launch.tokens_per_program // block_n)
+        return per_prog, triton.cdiv(tiles, per_prog)
     max_tiles = max(1, launch.max_tokens_per_program // block_n)
-    target = PROGRAMS_PER_SM * _num_sms(device)
+    target = launch.programs_per_sm * _num_sms(device)
     per_prog = min(max_tiles, triton.next_power_of_2(max(1, triton.cdiv(rows * tiles, target))))
     return per_prog, triton.cdiv(tiles, per_prog)
 
@@ -290,8 +337,6 @@ def _alloc_out(out: Optional[torch.Tensor], rows: int, max_len: int,
     return out
 
 
-PROGRAMS_PER_SM = 4
-
 
 @dataclass(frozen=True)
 class IndexerLaunch:
@@ -301,7 +346,11 @@ class IndexerLaunch:
     block_n: tokens per tile (the MMA's M dimension); num_warps, num_stages: Triton's;
     max_tokens_per_program: most tokens one program scores; tile_in_page: the
     one-page-per-tile addressing when ``page_size % block_n == 0``; maxnreg: register cap per
-    thread (None: the compiler's choice).
+    thread (None: the compiler's choice); prefetch: read the block table two tiles and the fp8
+    scales one tile ahead (the kernel's ``PREFETCH``); programs_per_sm: programs launched per
+    SM when the rows have enough tiles (fewer, longer programs as it drops);
+    tokens_per_program: every program scores exactly this many tokens (a power of two; the
+    last of a row fewer), overriding programs_per_sm and max_tokens_per_program.
     """
 
     block_n: int = 64
@@ -310,6 +359,24 @@ class IndexerLaunch:
     max_tokens_per_program: int = 2048
     tile_in_page: bool = True
     maxnreg: Optional[int] = None
+    prefetch: bool = False
+    programs_per_sm: int = 4
+    tokens_per_program: Optional[int] = None
+
+    def __post_init__(self):
+        for name in ("block_n", "max_tokens_per_program", "tokens_per_program"):
+            v = getattr(self, name)
+            if v is None and name == "tokens_per_program":
+                continue
+            if not isinstance(v, int) or not _is_pow2(v) or v < 16:
+                raise ValueError(f"IndexerLaunch.{name} must be a power of two >= 16, got {v!r}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"IndexerLaunch.num_warps must be one of 1, 2, 4, 8, 16, "
+                             f"got {self.num_warps!r}")
+        for name in ("num_stages", "programs_per_sm"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"IndexerLaunch.{name} must be an int >= 1, got {v!r}")
 
     def options(self) -> dict:
         """Triton launch options."""
@@ -372,14 +439,16 @@ def indexer_logits_paged(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.
         q.stride(0), q.stride(1), weights.stride(0), block_table.stride(0),
         stride_kpage, stride_spage, D, out.stride(0), max_len, per_prog,
         H=H, D=D, PAGE=P, BLOCK_N=launch.block_n, KV_FP8=is_fp8, PAGED=True,
-        TILE_IN_PAGE=launch.tile_in_page and P % launch.block_n == 0, **launch.options())
+        TILE_IN_PAGE=launch.tile_in_page and P % launch.block_n == 0, PREFETCH=launch.prefetch,
+        **launch.options())
     return out
 
 
 def indexer_logits_ragged(q: torch.Tensor, weights: torch.Tensor, k: torch.Tensor,
                           ks: torch.Tensor, ke: torch.Tensor, *,
                           k_scales: Optional[torch.Tensor] = None, max_len: Optional[int] = None,
-                          out: Optional[torch.Tensor] = None, check: bool = False) -> torch.Tensor:
+                          out: Optional[torch.Tensor] = None, check: bool = False,
+                          launch: IndexerLaunch = IndexerLaunch()) -> torch.Tensor:
     """Indexer logits of extend queries over a concatenated key buffer (causal ranges).
 
     Args:
@@ -390,6 +459,7 @@ def indexer_logits_ragged(q: torch.Tensor, weights: torch.Tensor, k: torch.Tenso
         max_len: output width ``>= max(ke - ks)`` (default: that maximum, a host sync).
         out: optional float32 ``[M, max_len]`` output.
         check: run ``validate_indexer_ragged_inputs`` first (device sync).
+        launch: the kernel's launch configuration (``tile_in_page`` does not apply).
     Returns:
         float32 ``[M, max_len]``; column ``j`` holds key ``ks[r] + j``; ``-inf`` for
         ``j >= ke[r] - ks[r]``.
@@ -423,14 +493,13 @@ def indexer_logits_ragged(q: torch.Tensor, weights: torch.Tensor, k: torch.Tenso
     out = _alloc_out(out, M, max_len, dev)
     if M == 0 or max_len == 0:
         return out
-    launch = IndexerLaunch()
     per_prog, n_split = _launch_shape(M, max_len, launch, dev)
     _indexer_logits_kernel[(M, n_split)](
         q, weights, k, k_scales if is_fp8 else weights, ks, ks, ke, out,
         q.stride(0), q.stride(1), weights.stride(0), 0, 0, 0, k.stride(0), out.stride(0),
         max_len, per_prog,
         H=H, D=D, PAGE=1, BLOCK_N=launch.block_n, KV_FP8=is_fp8, PAGED=False, TILE_IN_PAGE=False,
-        **launch.options())
+        PREFETCH=launch.prefetch, **launch.options())
     return out
 
 

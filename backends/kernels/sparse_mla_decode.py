@@ -31,6 +31,15 @@ Design
   small batch still fills the GPU. With one split the kernel writes ``out``/``lse`` directly;
   with more it writes per-split float32 ``(o / l, lse)`` and a combine kernel merges them.
   The number of splits comes from a wave model (:func:`choose_num_splits`).
+* What Triton 3.6 makes of it for sm_90a (``triton.compile`` + ``ptxas -v``, no timing): with
+  64 heads on 8 warps the QK dot, being chained into the PV dot, gets all 8 warps along M, so
+  both warpgroups compute the same ``S`` (the QK MMAs run twice) while the PV dot splits the
+  512 V dims between them; at ``num_stages=2`` the gather of tile ``t + 1`` is issued after
+  tile ``t``'s MMAs and waited for at the top of the next iteration (no overlap beyond the
+  asynchronous PV MMA), from 3 stages on one or more tiles stay in flight. A 64-token bf16
+  tile fits only 2 stages beside the 72 KB of ``q``; 32- and 16-token tiles fit 4 and 6.
+  :func:`sparse_mla_decode_with_info` returns the resolved launch and the compiled kernel's
+  registers, spills and shared memory (``harness/bench/attention.py --tune`` sweeps them).
 * MMA operands are bf16 on the GPU (as FlashMLA). The Triton interpreter cannot multiply
   bf16 operands in ``tl.dot`` (triton-lang/triton#11584: it multiplies the raw uint16 bit
   patterns), so under ``TRITON_INTERPRET=1`` the same kernel is instantiated with fp16
@@ -42,6 +51,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
@@ -50,7 +60,8 @@ import triton.language as tl
 
 from backends.kernels.kv_format import FP8_TILE, fp8_ds_mla_offsets, kv_dtype_of, row_bytes
 
-__all__ = ["sparse_mla_decode", "choose_num_splits", "DEFAULT_NUM_SMS"]
+__all__ = ["sparse_mla_decode", "sparse_mla_decode_with_info", "LaunchInfo", "choose_num_splits",
+           "DEFAULT_NUM_SMS"]
 
 #: multiprocessors of an H200; used to plan splits when the tensors are not on a GPU
 DEFAULT_NUM_SMS = 132
@@ -329,13 +340,54 @@ def _is_pow2(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x > 0 and (x & (x - 1)) == 0
 
 
+@dataclass(frozen=True)
+class LaunchInfo:
+    """How one ``sparse_mla_decode`` call ran: its launch configuration after defaults and
+    clamping, and what the compiler made of the main kernel.
+
+    ``num_splits`` is the split count actually launched (the requested or heuristic one, cut so
+    that every split has a tile). ``n_regs`` (registers per thread), ``n_spills`` (Triton's
+    spill count: the kernel's local memory in 4-byte words) and ``smem_bytes`` (shared memory
+    per program) describe the compiled main kernel; they are None where nothing was compiled
+    (the Triton interpreter, or an empty top-k).
+    """
+
+    block_h: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    num_splits: int
+    prefetch: str
+    n_regs: Optional[int] = None
+    n_spills: Optional[int] = None
+    smem_bytes: Optional[int] = None
+
+    def launch_kwargs(self) -> dict:
+        """The keyword arguments of ``sparse_mla_decode`` that repeat this launch."""
+        return {"block_h": self.block_h, "block_n": self.block_n, "num_warps": self.num_warps,
+                "num_stages": self.num_stages, "num_splits": self.num_splits,
+                "prefetch": self.prefetch}
+
+
 def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor,
-                      sm_scale: float, d_v: int = 512, *,
-                      block_h: Optional[int] = None, block_n: int = 64, num_warps: int = 8,
-                      num_stages: Optional[int] = None, num_splits: Optional[int] = None,
-                      prefetch: Optional[str] = None,
-                      mma_dtype: Optional[torch.dtype] = None,
-                      num_sms: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                      sm_scale: float, d_v: int = 512, **launch) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Sparse MQA decode over top-k gathered KV rows (Triton, flash-decoding): ``out, lse``.
+
+    The arguments and results are those of :func:`sparse_mla_decode_with_info` (keyword-only
+    launch options ``block_h``, ``block_n``, ``num_warps``, ``num_stages``, ``num_splits``,
+    ``prefetch``, ``mma_dtype``, ``num_sms``), without the :class:`LaunchInfo`.
+    """
+    out, lse, _ = sparse_mla_decode_with_info(q, kv_cache, indices, sm_scale, d_v, **launch)
+    return out, lse
+
+
+def sparse_mla_decode_with_info(
+        q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor,
+        sm_scale: float, d_v: int = 512, *,
+        block_h: Optional[int] = None, block_n: int = 64, num_warps: int = 8,
+        num_stages: Optional[int] = None, num_splits: Optional[int] = None,
+        prefetch: Optional[str] = None, mma_dtype: Optional[torch.dtype] = None,
+        num_sms: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor, LaunchInfo]:
     """Sparse MQA decode over top-k gathered KV rows (Triton, flash-decoding).
 
     Args:
@@ -371,7 +423,8 @@ def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Te
     Returns:
         ``out [B, H, d_v]`` torch.bfloat16 and ``lse [B, H]`` torch.float32 (natural log of
         ``sum exp(sm_scale * q . k)`` over valid indices; ``+inf`` and ``out = 0`` for a row
-        with no valid index), both contiguous on ``q``'s device.
+        with no valid index), both contiguous on ``q``'s device, and the :class:`LaunchInfo`
+        of the call.
     """
     # ---------------- boundary validation (before any launch) ----------------
     if not isinstance(q, torch.Tensor) or q.dtype != torch.bfloat16 or q.dim() != 3:
@@ -467,7 +520,7 @@ def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Te
     if top_k == 0 or num_slots == 0:
         out.zero_()
         lse.fill_(math.inf)
-        return out, lse
+        return out, lse, LaunchInfo(block_h, block_n, num_warps, num_stages, 1, prefetch)
 
     # every split gets at least one tile
     num_splits = min(num_splits, n_tiles)
@@ -495,7 +548,7 @@ def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Te
     d_rope_pad = max(16, triton.next_power_of_2(d_rope)) if d_rope > 0 else 16
     num_head_blocks = triton.cdiv(num_heads, block_h)
     grid = (bsz * num_splits * num_head_blocks,)
-    _sparse_mla_decode_fwd[grid](
+    kernel = _sparse_mla_decode_fwd[grid](
         q, q.stride(0), q.stride(1),
         kv_ptr, stride_kv,
         scale_t, stride_scale, scale_off,
@@ -523,4 +576,10 @@ def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Te
             D_V=d_v, D_V_PAD=d_v_pad, S_PAD=triton.next_power_of_2(num_splits),
             num_warps=4,
         )
-    return out, lse
+    # on the GPU the launch returns the compiled kernel (loaded, so its resources are known)
+    n_regs, n_spills = getattr(kernel, "n_regs", None), getattr(kernel, "n_spills", None)
+    metadata = getattr(kernel, "metadata", None)
+    return out, lse, LaunchInfo(block_h, block_n, num_warps, num_stages, num_splits, prefetch,
+                                n_regs=None if n_regs is None else int(n_regs),
+                                n_spills=None if n_spills is None else int(n_spills),
+                                smem_bytes=getattr(metadata, "shared", None))

@@ -1,7 +1,8 @@
 """Triton kernels of the HiSparse swap-in: the per-request resolve (hit detection, exact LRU,
-miss -> slot assignment, output slot table) and the zero-copy row copy from pinned host memory.
+miss -> slot assignment, output slot table). The zero-copy row copy from pinned host memory is
+``backends/kernels/host_copy.py``.
 
-Both kernels run unchanged on the GPU and through the Triton interpreter (CPU tensors).
+The kernels run unchanged on the GPU and through the Triton interpreter (CPU tensors).
 
 Vocabulary (see ``backends/hisparse_coordinator.py`` for the full semantics):
 
@@ -14,8 +15,29 @@ Vocabulary (see ``backends/hisparse_coordinator.py`` for the full semantics):
 * *miss plan*: int32 ``[max_batch, 1 + 2*M]`` per batch row: ``[0]`` number of missed units,
   ``[1 : 1+M]`` their first host row, ``[1+M : 1+2M]`` their first device row. Missed unit ``j``
   copies ``UNIT`` rows: host ``src[j] + r`` -> device ``dst[j] + r`` for ``r < UNIT``.
+
+Two LRU orders (``UPSTREAM`` constexpr), two resolves:
+
+* ``upstream`` (SGLang's kernel): misses in selection order (a unit's first entry), hits in the
+  order the LRU walk meets them. O(K + C), no sort: each entry ``i`` stamps its index into a
+  per-batch-row table indexed by unit (``stamp[u_i] = i``, then ``atomic_min`` only when some
+  unit is selected twice, so ``stamp[u]`` is the unit's first entry); a hot slot holding unit
+  ``u`` is a hit iff ``e = stamp[u]`` is an entry index and entry ``e``'s unit is ``u``. That
+  check makes stale stamps (earlier calls, other layers or requests) harmless, so the table is
+  never cleared. Compaction by cumsum: hits and evictable slots in walk order, misses in entry
+  order.
+* ``position``: misses and hits in ascending unit. A bitonic sort of the selection, then a
+  binary search per hot slot.
+
+Scratch per batch row (int32, ``resolve_scratch_width``): upstream ``[K_PAD]`` unit per entry
+(-1: not in the LRU), ``[K_PAD]`` hot slot per first entry, ``[C]`` evictable slots, ``[C]`` hit
+slots, ``[N_UNITS]`` stamps; position ``[K_PAD]`` sorted keys, ``[K_PAD]`` unique units,
+``[K_PAD]`` slot per unique unit, ``[C]`` evictable slots.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
 
 import triton
 import triton.language as tl
@@ -77,7 +99,7 @@ def _lower_bound(table_ptr, n, key, STEPS: tl.constexpr):
 
 
 @triton.jit
-def resolve_hot_selection(
+def resolve_position_order(
     pos, valid, skip, seq, row, base,
     slot_unit_ptr, lru_ptr, host_page_row_ptr, plan, scr,
     K, C, D, MAX_MISSES,
@@ -85,25 +107,8 @@ def resolve_hot_selection(
     K_PAD: tl.constexpr, LOG_K_PAD: tl.constexpr, BLOCK_C: tl.constexpr,
     SEARCH_STEPS: tl.constexpr,
 ):
-    """Hit detection, exact LRU update and miss -> slot assignment of one batch row's selection
-    against its hot buffer (steps 1-3 of the swap-in; the semantics of
-    ``backends/hisparse_coordinator.py``).
-
-    Blocks ``[K_PAD]``: ``pos`` int32 positions (-1 past ``K``), ``valid`` (position in
-    ``[0, seq)``), ``skip`` (valid entries served elsewhere, e.g. from a resident page: they take
-    no part in the LRU, and are not the newest unit). Scalars: ``seq`` the sequence length,
-    ``row`` int64 offset of the request's ``[C]`` row in ``slot_unit`` / ``lru``, ``base`` its
-    first device row. ``host_page_row_ptr``: the request's row of the host page table (logical
-    page -> host page); ``plan``: its miss-plan row (written: count, host rows, device rows);
-    ``scr``: its scratch row ``[3*K_PAD + C]`` (sorted keys, unique units, slot per unique unit,
-    evictable slots). The LRU is neither read nor written when no unit needs it.
-
-    Returns ``(unit, is_newest, long_blk, is_long, n_uniq, n_live, n_hit, n_miss, newest_hit,
-    overflow)``: per entry its unit and whether it is the newest unit (in the reserved page);
-    ``long_blk`` / ``is_long`` the request is long (``seq > D``) as a block / scalar; counts of
-    unique non-newest units, of those resolved (``n_live``; 0 on overflow or short), hits and
-    misses among them, whether the newest unit was selected, and the page-mode overflow flag.
-    """
+    """``resolve_hot_selection`` in the ``position`` order (sort and binary search; same
+    arguments and results)."""
     s_sorted = scr
     s_uniq = scr + K_PAD
     s_uslot = scr + 2 * K_PAD
@@ -183,26 +188,168 @@ def resolve_hot_selection(
     tl.store(plan + 1 + MAX_MISSES + miss_rank, base + miss_slot * UNIT, mask=is_miss)
     tl.store(plan, n_miss)
     tl.debug_barrier()
-    return (unit, is_newest, long_blk, is_long, n_uniq, n_live, n_hit, n_miss, newest_hit,
-            overflow)
+
+    # ---- 4. each entry's index into the slot table (-1: not resolved here) --------------------
+    e_idx = _lower_bound(s_uniq, n_uniq, key, SEARCH_STEPS)
+    ref = tl.where((key != SENTINEL) & (e_idx < n_live), e_idx, -1)
+    return unit, ref, is_newest, long_blk, is_long, n_uniq, n_hit, n_miss, newest_hit, overflow
+
+
+@triton.jit
+def resolve_upstream_order(
+    pos, valid, skip, seq, row, base,
+    slot_unit_ptr, lru_ptr, host_page_row_ptr, plan, scr,
+    K, C, D, MAX_MISSES, N_UNITS,
+    UNIT: tl.constexpr, PAGE: tl.constexpr, K_PAD: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """``resolve_hot_selection`` in the ``upstream`` order (stamps, no sort; same arguments and
+    results, those of the sort aside)."""
+    s_key = scr
+    s_slot = scr + K_PAD
+    s_evict = scr + 2 * K_PAD          # s_evict + C: the hit slots
+    s_stamp = s_evict + 2 * C
+
+    # ---- 1. stamps: each unit's first entry (the newest unit of a long request is excluded) ---
+    offs = tl.arange(0, K_PAD)
+    unit = tl.where(valid, pos // UNIT, -1)
+    is_long = seq > D
+    long_blk = (pos * 0 + seq) > D
+    newest_unit = tl.where(is_long, (seq - 1) // UNIT, -2)
+    is_newest = valid & ~skip & (unit == newest_unit)
+    # units past the stamp table (seq_len beyond the coordinator's maximum) take no part
+    live = valid & ~skip & ~is_newest & (unit < N_UNITS)
+    tl.store(s_key + offs, tl.where(live, unit, -1))
+    tl.store(s_slot + offs, tl.full([K_PAD], -1, tl.int32))
+    tl.store(s_stamp + unit, offs, mask=live)
+    tl.debug_barrier()
+    rep = tl.load(s_stamp + unit, mask=live, other=-1, cache_modifier=".cg")
+    lost = live & (rep != offs)         # a unit selected twice: the plain stores raced
+    if tl.sum(lost.to(tl.int32), axis=0) > 0:
+        tl.atomic_min(s_stamp + unit, offs, mask=lost, sem="relaxed")
+        tl.debug_barrier()
+        rep = tl.load(s_stamp + unit, mask=live, other=-1, cache_modifier=".cg")
+    first = live & (rep == offs)
+    n_uniq = tl.sum(first.to(tl.int32), axis=0)
+    newest_hit = (tl.sum(is_newest.to(tl.int32), axis=0) > 0).to(tl.int32)
+    overflow = is_long & (n_uniq > C)
+    do_long = is_long & (n_uniq <= C) & (n_uniq > 0)
+    resolved = first & ((offs * 0 + do_long.to(tl.int32)) != 0)   # (no block & scalar-bool)
+
+    # ---- 2. walk the hot buffer in LRU order: hits and evictable slots, in walk order ---------
+    lane_c = tl.arange(0, BLOCK_C)
+    n_hit = n_uniq * 0
+    n_evict = n_uniq * 0
+    first_hit = n_uniq * 0 + C          # walk position of the first hit (C: none yet)
+    c_end = tl.where(do_long, C, 0)
+    for c0 in range(0, c_end, BLOCK_C):
+        oc = c0 + lane_c
+        mc = oc < C
+        slot = tl.load(lru_ptr + row + oc, mask=mc, other=0)
+        u = tl.load(slot_unit_ptr + row + slot, mask=mc, other=-1)
+        held = mc & (u >= 0) & (u < N_UNITS)
+        e = tl.load(s_stamp + u, mask=held, other=-1, cache_modifier=".cg")
+        known = held & (e >= 0) & (e < K_PAD)
+        hit = known & (tl.load(s_key + e, mask=known, other=-1) == u)
+        tl.store(s_slot + e, slot, mask=hit)
+        hit_i = hit.to(tl.int32)
+        ev = mc & ~hit
+        ev_i = ev.to(tl.int32)
+        tl.store(s_evict + C + n_hit + tl.cumsum(hit_i, axis=0) - 1, slot, mask=hit)
+        tl.store(s_evict + n_evict + tl.cumsum(ev_i, axis=0) - 1, slot, mask=ev)
+        first_hit = tl.minimum(first_hit, tl.min(tl.where(hit, oc, C), axis=0))
+        n_hit += tl.sum(hit_i, axis=0)
+        n_evict += tl.sum(ev_i, axis=0)
+    tl.debug_barrier()
+
+    # ---- 3. the i-th miss (entry order) takes the i-th evictable; miss plan -------------------
+    held_slot = tl.load(s_slot + offs, mask=first, other=-1)
+    is_miss = resolved & (held_slot < 0)
+    miss_i = is_miss.to(tl.int32)
+    miss_rank = tl.cumsum(miss_i, axis=0) - 1
+    n_miss = tl.sum(miss_i, axis=0)
+    miss_slot = tl.load(s_evict + miss_rank, mask=is_miss, other=0)
+    tl.store(s_slot + offs, miss_slot, mask=is_miss)
+    tl.store(slot_unit_ptr + row + miss_slot, unit, mask=is_miss)
+    first_pos = unit * UNIT
+    host_page = tl.load(host_page_row_ptr + first_pos // PAGE, mask=is_miss, other=0)
+    tl.store(plan + 1 + miss_rank, host_page * PAGE + first_pos % PAGE, mask=is_miss)
+    tl.store(plan + 1 + MAX_MISSES + miss_rank, base + miss_slot * UNIT, mask=is_miss)
+    tl.store(plan, n_miss)
+
+    # ---- 4. new LRU: stale evictables, the misses' slots, the hits (walk order) ---------------
+    # Unchanged (not written) when nothing missed and the hits already close the order.
+    n_kept = n_evict - n_miss
+    moved = (n_miss > 0) | (first_hit < C - n_hit)
+    w_end = tl.where(moved, c_end, 0)
+    for c0 in range(0, w_end, BLOCK_C):
+        r = c0 + lane_c
+        src = tl.where(r < n_kept, r + n_miss, tl.where(r < n_evict, r - n_kept, C + r - n_evict))
+        s = tl.load(s_evict + src, mask=r < C, other=0)
+        tl.store(lru_ptr + row + r, s, mask=r < C)
+    tl.debug_barrier()
+    ref = tl.where(live & ((offs * 0 + do_long.to(tl.int32)) != 0), rep, -1)
+    return unit, ref, is_newest, long_blk, is_long, n_uniq, n_hit, n_miss, newest_hit, overflow
+
+
+@triton.jit
+def resolve_hot_selection(
+    pos, valid, skip, seq, row, base,
+    slot_unit_ptr, lru_ptr, host_page_row_ptr, plan, scr,
+    K, C, D, MAX_MISSES, N_UNITS,
+    UNIT: tl.constexpr, PAGE: tl.constexpr,
+    K_PAD: tl.constexpr, LOG_K_PAD: tl.constexpr, BLOCK_C: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr, UPSTREAM: tl.constexpr,
+):
+    """Hit detection, exact LRU update and miss -> slot assignment of one batch row's selection
+    against its hot buffer (steps 1-3 of the swap-in; the semantics of
+    ``backends/hisparse_coordinator.py``), in the ``upstream`` order (``UPSTREAM``) or the
+    ``position`` order (module docstring).
+
+    Blocks ``[K_PAD]``: ``pos`` int32 positions (-1 past ``K``), ``valid`` (position in
+    ``[0, seq)``), ``skip`` (valid entries served elsewhere, e.g. from a resident page: they take
+    no part in the LRU, and are not the newest unit). Scalars: ``seq`` the sequence length,
+    ``row`` int64 offset of the request's ``[C]`` row in ``slot_unit`` / ``lru``, ``base`` its
+    first device row, ``N_UNITS`` the units the stamp table holds (upstream; positions below
+    ``N_UNITS * UNIT``). ``host_page_row_ptr``: the request's row of the host page table (logical
+    page -> host page); ``plan``: its miss-plan row (written: count, host rows, device rows);
+    ``scr``: its scratch row (``resolve_scratch_width``). The LRU is neither read nor written
+    when no unit needs it.
+
+    Returns ``(unit, ref, is_newest, long_blk, is_long, n_uniq, n_hit, n_miss, newest_hit,
+    overflow)``: per entry its unit, its index into the slot table of ``hot_buffer_rows`` (-1:
+    not resolved here) and whether it is the newest unit (in the reserved page); ``long_blk`` /
+    ``is_long`` the request is long (``seq > D``) as a block / scalar; counts of unique
+    non-newest units, hits and misses among them (0 on overflow or short), whether the newest
+    unit was selected, and the page-mode overflow flag.
+    """
+    if UPSTREAM:
+        res = resolve_upstream_order(pos, valid, skip, seq, row, base, slot_unit_ptr, lru_ptr,
+                                host_page_row_ptr, plan, scr, K, C, D, MAX_MISSES, N_UNITS,
+                                UNIT=UNIT, PAGE=PAGE, K_PAD=K_PAD, BLOCK_C=BLOCK_C)
+    else:
+        res = resolve_position_order(pos, valid, skip, seq, row, base, slot_unit_ptr, lru_ptr,
+                                host_page_row_ptr, plan, scr, K, C, D, MAX_MISSES,
+                                UNIT=UNIT, PAGE=PAGE, K_PAD=K_PAD, LOG_K_PAD=LOG_K_PAD,
+                                BLOCK_C=BLOCK_C, SEARCH_STEPS=SEARCH_STEPS)
+    return res
 
 
 @triton.jit
 def hot_buffer_rows(
-    pos, unit, valid, skip, is_newest, long_blk, is_long, overflow, base, scr, n_uniq, n_live, D,
+    pos, ref, valid, is_newest, is_long, overflow, base, scr, D,
     UNIT: tl.constexpr, PAGE: tl.constexpr, PAGE_MODE: tl.constexpr, K_PAD: tl.constexpr,
-    SEARCH_STEPS: tl.constexpr,
+    UPSTREAM: tl.constexpr,
 ):
     """Step 4 of the swap-in: the device row of each entry after ``resolve_hot_selection``
-    (same arguments; ``scr`` its scratch row): a long request's units through their hot slot,
-    its newest unit in the reserved page, a short request's position ``p`` at ``base + p``;
-    -1 for invalid entries and on overflow. Entries in ``skip`` get a meaningless value (the
-    caller serves them)."""
-    s_uniq = scr + K_PAD
-    s_uslot = scr + 2 * K_PAD
-    regular = valid & ~skip & long_blk & ~is_newest
-    e_idx = _lower_bound(s_uniq, n_uniq, tl.where(regular, unit, SENTINEL), SEARCH_STEPS)
-    e_slot = tl.load(s_uslot + e_idx, mask=regular & (e_idx < n_live), other=0)
+    (its ``ref``, ``is_newest``, ``is_long``, ``overflow``; ``scr`` its scratch row): a long
+    request's units through their hot slot, its newest unit in the reserved page, a short
+    request's position ``p`` at ``base + p``; -1 for invalid entries and on overflow. Entries
+    the resolve skipped get a meaningless value (the caller serves them)."""
+    if UPSTREAM:
+        s_slot = scr + K_PAD
+    else:
+        s_slot = scr + 2 * K_PAD
+    e_slot = tl.load(s_slot + ref, mask=ref >= 0, other=0)
     long_out = base + e_slot * UNIT + pos % UNIT
     if PAGE_MODE:
         newest_out = base + D + pos % PAGE
@@ -223,10 +370,10 @@ def resolve_swap_in_kernel(
     plan_ptr, plan_stride,
     counts_ptr, counts_stride,
     scratch_ptr, scratch_stride,
-    K, C, D, SLOTS_PER_REQ, ROW_BYTES, MAX_MISSES,
+    K, C, D, SLOTS_PER_REQ, ROW_BYTES, MAX_MISSES, N_UNITS,
     UNIT: tl.constexpr, PAGE: tl.constexpr, PAGE_MODE: tl.constexpr,
     K_PAD: tl.constexpr, LOG_K_PAD: tl.constexpr, BLOCK_C: tl.constexpr,
-    SEARCH_STEPS: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr, UPSTREAM: tl.constexpr,
 ):
     """One program per batch row: resolves a top-k selection against the hot buffer.
 
@@ -241,7 +388,7 @@ def resolve_swap_in_kernel(
       out_ptr       [B, K] int32      global device row of each entry, -1 for -1
       plan_ptr      [B, 1 + 2*MAX_MISSES] int32  miss plan (module docstring)
       counts_ptr    [B, NUM_COUNT_FIELDS] int64
-    Scratch: [B, 3*K_PAD + C] int32 (sorted keys, unique units, slot per unique unit, evictables).
+    Scratch: [B, resolve_scratch_width(K_PAD, C, N_UNITS, UPSTREAM)] int32 (module docstring).
     """
     b = tl.program_id(0)
     req = tl.load(req_idx_ptr + b).to(tl.int32)
@@ -254,18 +401,18 @@ def resolve_swap_in_kernel(
     pos = tl.load(topk_ptr + b.to(tl.int64) * topk_stride + offs, mask=offs < K, other=-1)
     valid = (pos >= 0) & (pos < seq)
     none = offs < 0
-    unit, is_newest, long_blk, is_long, n_uniq, n_live, n_hit, n_miss, newest_hit, overflow = \
+    unit, ref, is_newest, long_blk, is_long, n_uniq, n_hit, n_miss, newest_hit, overflow = \
         resolve_hot_selection(
             pos, valid, none, seq, row, base, slot_unit_ptr, lru_ptr,
             host_table_ptr + req.to(tl.int64) * host_table_stride,
-            plan_ptr + b.to(tl.int64) * plan_stride, scr, K, C, D, MAX_MISSES,
+            plan_ptr + b.to(tl.int64) * plan_stride, scr, K, C, D, MAX_MISSES, N_UNITS,
             UNIT=UNIT, PAGE=PAGE, K_PAD=K_PAD, LOG_K_PAD=LOG_K_PAD, BLOCK_C=BLOCK_C,
-            SEARCH_STEPS=SEARCH_STEPS)
+            SEARCH_STEPS=SEARCH_STEPS, UPSTREAM=UPSTREAM)
 
     # ---- 4. output slot table --------------------------------------------------------------
-    res = hot_buffer_rows(pos, unit, valid, none, is_newest, long_blk, is_long, overflow, base,
-                          scr, n_uniq, n_live, D, UNIT=UNIT, PAGE=PAGE, PAGE_MODE=PAGE_MODE,
-                          K_PAD=K_PAD, SEARCH_STEPS=SEARCH_STEPS)
+    res = hot_buffer_rows(pos, ref, valid, is_newest, is_long, overflow, base, scr, D,
+                          UNIT=UNIT, PAGE=PAGE, PAGE_MODE=PAGE_MODE, K_PAD=K_PAD,
+                          UPSTREAM=UPSTREAM)
     tl.store(out_ptr + b.to(tl.int64) * out_stride + offs, res, mask=offs < K)
 
     # ---- 5. counts ------------------------------------------------------------------------
@@ -285,48 +432,37 @@ def resolve_swap_in_kernel(
     tl.store(cnt + 5, overflow.to(tl.int64))
 
 
-@triton.jit
-def copy_row_tile(src_pool_ptr, dst_pool_ptr, src, dst, live,
-                  WORDS: tl.constexpr, VEC: tl.constexpr, GROUP_BLOCK: tl.constexpr):
-    """Copies rows ``dst_pool[dst[i]] = src_pool[src[i]]`` for the ``live`` entries of the int64
-    blocks ``src`` / ``dst``; both pools viewed as ``WORDS`` words a row. A row is ``WORDS / VEC``
-    groups of ``VEC`` words; the tile is [rows, GROUP_BLOCK, VEC] with the mask on groups only,
-    so each thread moves whole 16-byte groups (vector loads) when ``VEC * word`` is 16 bytes,
-    and all rows of the tile are in flight together. ``src_pool_ptr`` may be pinned host memory
-    (read in place over UVA on the GPU)."""
-    g = tl.arange(0, GROUP_BLOCK)
-    v = tl.arange(0, VEC)
-    word = g[None, :, None] * VEC + v[None, None, :]
-    m = live[:, None, None] & (g[None, :, None] < WORDS // VEC)
-    x = tl.load(src_pool_ptr + src[:, None, None] * WORDS + word, mask=m)
-    tl.store(dst_pool_ptr + dst[:, None, None] * WORDS + word, x, mask=m)
-
-
-@triton.jit
-def copy_planned_rows_kernel(
-    src_pool_ptr, dst_pool_ptr, plan_ptr, plan_stride, MAX_MISSES,
-    UNIT_ROWS: tl.constexpr, WORDS: tl.constexpr, VEC: tl.constexpr, GROUP_BLOCK: tl.constexpr,
-    ROWS: tl.constexpr,
-):
-    """Copies the rows of a miss plan: ``dst_pool[dst] = src_pool[src]``, ``ROWS`` rows a program.
-
-    Grid ``(B, cdiv(MAX_MISSES * UNIT_ROWS, ROWS))``; programs past a row's miss count do nothing,
-    so the grid does not depend on the (device-resident) counts and no host sync is needed.
-    ``src_pool_ptr``: the layer's host rows (pinned CPU memory read in place over UVA on the GPU),
-    ``dst_pool_ptr``: the layer's device rows; the row copy is ``copy_row_tile``.
-    """
-    b = tl.program_id(0)
-    chunk = tl.program_id(1)
-    plan = plan_ptr + b.to(tl.int64) * plan_stride
-    n_rows = tl.load(plan) * UNIT_ROWS
-    r = chunk * ROWS + tl.arange(0, ROWS)
-    live = r < n_rows
-    j = r // UNIT_ROWS
-    k = r % UNIT_ROWS
-    src = tl.load(plan + 1 + j, mask=live, other=0).to(tl.int64) + k
-    dst = tl.load(plan + 1 + MAX_MISSES + j, mask=live, other=0).to(tl.int64) + k
-    copy_row_tile(src_pool_ptr, dst_pool_ptr, src, dst, live, WORDS, VEC, GROUP_BLOCK)
-
-
 def next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
+
+
+def resolve_scratch_width(k_pad: int, hot_units: int, n_units: int, upstream: bool) -> int:
+    """int32 scratch entries per batch row of ``resolve_hot_selection`` (module docstring):
+    ``2*k_pad + 2*hot_units + n_units`` (upstream) or ``3*k_pad + hot_units`` (position)."""
+    return 2 * k_pad + 2 * hot_units + n_units if upstream else 3 * k_pad + hot_units
+
+
+@dataclass(frozen=True)
+class ResolveLaunch:
+    """Launch configuration of the resolve (``None``: the default for the shape).
+
+    block_c: hot slots walked per iteration (power of two >= 16; default: all of them up to
+    4096 for the upstream order, 1024 for the position order); num_warps: Triton's (default 8
+    when the selection, or in the upstream order the walk block, has >= 1024 entries, else 4).
+    """
+
+    block_c: Optional[int] = None
+    num_warps: Optional[int] = None
+
+    def __post_init__(self):
+        b, w = self.block_c, self.num_warps
+        if b is not None and (not isinstance(b, int) or b < 16 or b & (b - 1)):
+            raise ValueError(f"ResolveLaunch.block_c must be a power of two >= 16, got {b!r}")
+        if w is not None and w not in (1, 2, 4, 8, 16, 32):
+            raise ValueError(f"ResolveLaunch.num_warps must be one of 1, 2, 4, 8, 16, 32, got {w!r}")
+
+    def resolved(self, k_pad: int, hot_units: int, upstream: bool) -> Tuple[int, int]:
+        """``(block_c, num_warps)`` for this shape."""
+        b = self.block_c or max(16, min(next_pow2(hot_units), 4096 if upstream else 1024))
+        w = self.num_warps or (8 if max(k_pad, b if upstream else 0) >= 1024 else 4)
+        return b, w

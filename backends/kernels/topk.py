@@ -22,6 +22,11 @@ k = 2048):
   wins). Positions are written in ascending order. An optional epilogue maps them through the
   PAGED or RAGGED index transform (``topk_transform.py``) before the store.
 
+Threshold variants (``TopkLaunch``; results unchanged, the select stays exact):
+``fuse_threshold`` computes the sample threshold inside every scan program of the row (no
+threshold kernel); ``threshold_window`` stops the sample search at the first probe whose
+count lies within 3/4 .. 3/2 of the target rank instead of resolving it bit by bit.
+
 The key of a float32 ``v`` is its bit pattern mapped so that unsigned integer order equals float
 order (``-inf < ... < +inf``; ``-0.0`` is first mapped to ``+0.0`` since they compare equal).
 NaN logits are not supported (``validate_topk_inputs`` rejects them inside a row's length).
@@ -59,6 +64,12 @@ class TopkLaunch:
     radix_bits: bits resolved per step of the k-th-key radix search (1, 2 or 4; 1 measured
     fastest); scan_block_max: elements per scan-loop iteration (and the select kernel's block
     cap); select_warps / select_stages, scan_warps / scan_stages: Triton's, per kernel.
+    fuse_threshold: every scan program computes its row's sample threshold itself (the same
+    value for all chunks of a row) instead of a separate threshold kernel (one launch and one
+    kernel boundary fewer). threshold_window: the sample search stops at the first probe with
+    between 3/4 and 3/2 of the target rank of sample elements at or above it (about 3/4 to 3/2
+    of the target candidates) instead of resolving the exact sample quantile bit by bit.
+    Neither changes the result: the select kernel is exact for any threshold.
     """
 
     radix_bits: int = 1
@@ -67,6 +78,23 @@ class TopkLaunch:
     scan_block_max: int = 2048
     scan_warps: int = 4
     scan_stages: int = 4
+    fuse_threshold: bool = False
+    threshold_window: bool = False
+
+    def __post_init__(self):
+        if self.radix_bits not in (1, 2, 4):
+            raise ValueError(f"TopkLaunch.radix_bits must be 1, 2 or 4, got {self.radix_bits!r}")
+        v = self.scan_block_max
+        if not isinstance(v, int) or v < 16 or v & (v - 1):
+            raise ValueError(f"TopkLaunch.scan_block_max must be a power of two >= 16, got {v!r}")
+        for name in ("select_warps", "scan_warps"):
+            if getattr(self, name) not in (1, 2, 4, 8, 16):
+                raise ValueError(f"TopkLaunch.{name} must be one of 1, 2, 4, 8, 16, "
+                                 f"got {getattr(self, name)!r}")
+        for name in ("select_stages", "scan_stages"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"TopkLaunch.{name} must be an int >= 1, got {v!r}")
 
 
 def plan_build_count() -> int:
@@ -175,17 +203,58 @@ def _transform_positions(pos, row, METHOD: tl.constexpr, bt_ptr, stride_bt, req_
 
 
 @triton.jit
+def _windowed_rank_key(key, r_lo, r_hi):
+    """A uint32 ``T`` with ``r_lo <= count(key >= T)``: the first probe of a bit bisection from
+    the top (over the bits below the common prefix of the keys' min and max, as in
+    ``_kth_largest_key``) whose count lies in ``[r_lo, r_hi]``, else the ``r_lo``-th largest
+    key. Entries to ignore carry key 0 (never counted); needs ``r_lo <=`` the counted entries.
+    """
+    kmax = tl.max(key, axis=0)
+    kmin = tl.min(tl.where(key > 0, key, kmax), axis=0)
+    diff = (kmax ^ kmin).to(tl.float32)
+    nbits = tl.where(kmax == kmin, 0, ((diff.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 126)
+    nbits = tl.minimum(nbits, 32)
+    top = tl.full([], 1, tl.uint32) << (tl.maximum(nbits, 1) - 1).to(tl.uint32)
+    low = tl.where(nbits > 0, top + (top - 1), 0)
+    T = kmin & ~low  # count(key >= T) = every counted entry
+    bit = tl.where(nbits > 0, top, 0)
+    steps = nbits
+    while steps > 0:
+        cand = T | bit
+        cnt = tl.sum((key >= cand).to(tl.int32), axis=0)
+        T = tl.where(cnt >= r_lo, cand, T)
+        steps = tl.where((cnt >= r_lo) & (cnt <= r_hi), 0, steps - 1)
+        bit = bit >> 1
+    return T
+
+
+@triton.jit
+def _row_threshold(base, length, target, SAMPLE: tl.constexpr, RADIX_BITS: tl.constexpr,
+                   WINDOW: tl.constexpr):
+    """uint32 key of a strided sample's quantile such that about ``target`` of the row's
+    ``length`` elements are >= it (WINDOW: anywhere from 3/4 to 3/2 of that)."""
+    i = tl.arange(0, SAMPLE).to(tl.int64)
+    pos = (i * length) // SAMPLE
+    key = _order_key(tl.load(base + pos))
+    r = tl.minimum(tl.maximum((SAMPLE * target + length - 1) // length, 1), SAMPLE)
+    if WINDOW:
+        t = _windowed_rank_key(key, tl.maximum((3 * r) // 4, 1),
+                               tl.minimum((3 * r + 1) // 2, SAMPLE))
+    else:
+        t = _kth_largest_key(key, r, RADIX_BITS)
+    return t
+
+
+@triton.jit
 def _topk_threshold_kernel(logits_ptr, stride_l, n_cols, len_ptr, thr_ptr, target,
-                           CAP: tl.constexpr, SAMPLE: tl.constexpr, RADIX_BITS: tl.constexpr):
+                           CAP: tl.constexpr, SAMPLE: tl.constexpr, RADIX_BITS: tl.constexpr,
+                           WINDOW: tl.constexpr):
     """Per long row: key of a sample quantile such that about ``target`` elements are >= it."""
     row = tl.program_id(0)
     length = tl.minimum(tl.load(len_ptr + row), n_cols)
     if length > CAP:
-        i = tl.arange(0, SAMPLE).to(tl.int64)
-        pos = (i * length) // SAMPLE
-        v = tl.load(logits_ptr + row.to(tl.int64) * stride_l + pos)
-        r = tl.minimum(tl.maximum((SAMPLE * target + length - 1) // length, 1), SAMPLE)
-        t = _kth_largest_key(_order_key(v), r, RADIX_BITS)
+        t = _row_threshold(logits_ptr + row.to(tl.int64) * stride_l, length, target, SAMPLE,
+                           RADIX_BITS, WINDOW)
         tl.store(thr_ptr + row, t.to(tl.int32, bitcast=True))
 
 
@@ -205,17 +274,23 @@ def _scan_block(base, p, m, t, slot_base, cnt, MASKED: tl.constexpr, CAP: tl.con
 
 @triton.jit
 def _topk_scan_kernel(logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, thr_ptr, cand_ptr,
-                      cnt_ptr, chunk_size, max_chunks, CAP: tl.constexpr, BLOCK: tl.constexpr):
-    """One chunk of a long row: positions of elements >= the row's threshold, in order."""
+                      cnt_ptr, chunk_size, max_chunks, target, CAP: tl.constexpr,
+                      BLOCK: tl.constexpr, FUSE_THRESHOLD: tl.constexpr, SAMPLE: tl.constexpr,
+                      RADIX_BITS: tl.constexpr, WINDOW: tl.constexpr):
+    """One chunk of a long row: positions of elements >= the row's threshold, in order
+    (FUSE_THRESHOLD: the threshold computed here from the row's sample, else read)."""
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     n_chunks = tl.load(chunks_ptr + row)
     if chunk < n_chunks:
         length = tl.minimum(tl.load(len_ptr + row), n_cols)
-        t = tl.load(thr_ptr + row).to(tl.uint32, bitcast=True)
+        base = logits_ptr + row.to(tl.int64) * stride_l
+        if FUSE_THRESHOLD:
+            t = _row_threshold(base, length, target, SAMPLE, RADIX_BITS, WINDOW)
+        else:
+            t = tl.load(thr_ptr + row).to(tl.uint32, bitcast=True)
         start = chunk * chunk_size
         end = tl.minimum(start + chunk_size, length)
-        base = logits_ptr + row.to(tl.int64) * stride_l
         slot_base = cand_ptr + (row.to(tl.int64) * max_chunks + chunk) * CAP
         cnt = 0
         n_full = tl.maximum(end - start, 0) // BLOCK
@@ -484,14 +559,18 @@ def launch_topk(logits: torch.Tensor, lengths: torch.Tensor, top_k: int, plan: T
     req = row_req if row_req is not None else dummy
     offs = row_offsets if row_offsets is not None else dummy
     if plan.needs_scan:
-        _topk_threshold_kernel[(B,)](logits, logits.stride(0), N, lengths, plan.thresholds,
-                                     min(2 * top_k, (top_k + plan.cap) // 2),
-                                     CAP=plan.cap, SAMPLE=plan.sample, RADIX_BITS=launch.radix_bits,
-                                     num_warps=4)
+        target = min(2 * top_k, (top_k + plan.cap) // 2)
+        if not launch.fuse_threshold:
+            _topk_threshold_kernel[(B,)](logits, logits.stride(0), N, lengths, plan.thresholds,
+                                         target, CAP=plan.cap, SAMPLE=plan.sample,
+                                         RADIX_BITS=launch.radix_bits,
+                                         WINDOW=launch.threshold_window, num_warps=4)
         _topk_scan_kernel[(B, plan.max_chunks)](
             logits, logits.stride(0), N, lengths, plan.row_chunks, plan.thresholds,
-            plan.candidates, plan.counts, plan.chunk_size, plan.max_chunks,
+            plan.candidates, plan.counts, plan.chunk_size, plan.max_chunks, target,
             CAP=plan.cap, BLOCK=min(launch.scan_block_max, plan.chunk_size),
+            FUSE_THRESHOLD=launch.fuse_threshold, SAMPLE=plan.sample,
+            RADIX_BITS=launch.radix_bits, WINDOW=launch.threshold_window,
             num_warps=launch.scan_warps, num_stages=launch.scan_stages)
     _topk_select_kernel[(B,)](
         logits, logits.stride(0), N, lengths, plan.row_chunks, plan.candidates, plan.counts,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import signal
 import sys
 import traceback
 from datetime import datetime, timezone
@@ -82,6 +83,11 @@ def _repro(name: str, argv: List[str]) -> str:
     return shlex.join(["python", "-m", "harness.bench", "run", name, *kept])
 
 
+def _interrupt(signum, frame):
+    """SIGTERM -> KeyboardInterrupt, so an interrupted bench still writes the rows it has."""
+    raise KeyboardInterrupt
+
+
 def run_bench(bench: Bench, args: argparse.Namespace, out_dir: Path, repro: str
               ) -> Tuple[List[Dict], bool]:
     """Runs ``bench``, writes its rows to ``out_dir``, prints its table. Returns (rows, passed)."""
@@ -93,12 +99,18 @@ def run_bench(bench: Bench, args: argparse.Namespace, out_dir: Path, repro: str
     args.warmup = WARMUP[args.quick] if args.warmup is None else args.warmup
     run = BenchRun(bench.name, args, device, repro)
     passed = True
+    previous = signal.signal(signal.SIGTERM, _interrupt)   # `timeout`, a scheduler's kill
     try:
         bench.run(run)
-    except Exception:  # its rows so far are still written
-        traceback.print_exc()
+    except (Exception, KeyboardInterrupt) as e:  # its rows so far are still written
+        if isinstance(e, KeyboardInterrupt):
+            print(f"[{bench.name}] interrupted", flush=True)
+        else:
+            traceback.print_exc()
         print(f"[{bench.name}] failed after {len(run.rows)} rows", flush=True)
         passed = False
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if not run.rows:
         print(f"[{bench.name}] measured nothing", flush=True)
         return [], False

@@ -18,21 +18,36 @@ B=64/H=64/top_k=512) fresh random queries and distinct request-local top-k posit
   bytes.
 
 ``--quick``: d_qk 320 / d_v 256, a 256-token pool in 16-token pages, B=2/H=16/top_k=96.
+
+``--tune``: instead of the rows above, a grid of launch variants per tuning shape (``TUNE``:
+B=128/H=128 and the TP8 B=128/H=16 at top_k 2048, and B=1, 2, 4, 8 at H=128) beside FlashMLA
+(``backends/kernels/flashmla_peer.py``; H=16 padded to its 64 heads outside the timed call, as
+an engine pads them) on the same queries and pool, each checked against the reference first,
+all timed as Python calls (launch overhead hidden, cold L2). Our rows carry the resolved launch
+(``launch_config``: every keyword argument, the split count actually launched included), the
+compiled kernel's ``n_regs`` / ``n_spills`` / ``smem_bytes``, and ``ratio_to_peer`` against
+FlashMLA. The run prints, per shape and format, the fastest correct variant beside FlashMLA
+(:func:`tune_summary`); ``python -m harness.bench.attention summary DIR`` prints that table for
+stored rows. With ``--quick``: ``TUNE_QUICK``, a smoke run (FlashMLA unavailable on the CPU).
 """
 from __future__ import annotations
 
 import argparse
 import json
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
+import pandas as pd
 import torch
+from triton import OutOfResources
 
+from backends.kernels.flashmla_peer import flashmla_attention, padded_heads
 from backends.kernels.index_convert import convert_req_index_to_global_index
 from backends.kernels.kv_format import KV_DTYPES, make_kv_cache, row_bytes
-from backends.kernels.sparse_mla_decode import sparse_mla_decode
+from backends.kernels.sparse_mla_decode import sparse_mla_decode, sparse_mla_decode_with_info
 from harness.bench.measure import BenchRun, Check, exact
 from harness.bench.registry import register
+from harness.bench.table import format_table
 from harness.reference import convert_req_index_to_global_index_ref, sparse_mla_decode_ref
 
 #: launch variants: name -> keyword arguments of sparse_mla_decode
@@ -79,6 +94,66 @@ FULL = Sizes(576, 512, 32768, 64, (
     Shape("B8_H128_k2048", 8, 128, 2048, ("default", "nosplit", "split16")),
     Shape("B64_H64_k512", 64, 64, 512, ("default", "nosplit"))))
 QUICK = Sizes(320, 256, 256, 16, (Shape("quick_B2_H16_k96", 2, 16, 96, ("default", "split3_n32")),))
+
+
+#: kv formats a tuning variant applies to
+ALL = tuple(KV_DTYPES)
+FP8 = ("fp8_ds_mla",)
+
+
+@dataclass(frozen=True)
+class TuneShape:
+    """One tuning shape: its size and ``variants``, (name, keyword arguments of
+    ``sparse_mla_decode``, kv formats it runs for). ``default`` (no arguments) is always one."""
+
+    name: str
+    batch: int
+    heads: int
+    top_k: int
+    variants: Tuple[Tuple[str, dict, Tuple[str, ...]], ...]
+
+
+# B=128, H=128: the gather of tile t+1 overlaps tile t's compute only with >= 3 pipeline stages
+# (at 2 it is issued after tile t's MMAs), and a 64-token bf16 tile leaves room for 2 beside the
+# 72 KB of q in shared memory; smaller tiles fit deeper pipelines.
+_BIG = (("default", {}, ALL),
+        ("n32_s3", {"block_n": 32, "num_stages": 3}, ALL),
+        ("n32_s4", {"block_n": 32, "num_stages": 4}, ALL),
+        ("n32_s5", {"block_n": 32, "num_stages": 5}, FP8),
+        ("n16_s6", {"block_n": 16, "num_stages": 6}, ALL))
+# TP8, H=16: 16-head programs (mma.sync), or 64 padded heads (wgmma) as FlashMLA runs them
+_TP8 = (("default", {}, ALL),
+        ("w4", {"num_warps": 4}, ALL),
+        ("n32_s4", {"block_n": 32, "num_stages": 4}, ALL),
+        ("n32_s4_w4", {"block_n": 32, "num_stages": 4, "num_warps": 4}, ALL),
+        ("n32_s6", {"block_n": 32, "num_stages": 6}, FP8),
+        ("n32_s4_split2", {"block_n": 32, "num_stages": 4, "num_splits": 2}, ALL),
+        ("h64", {"block_h": 64}, ALL))
+
+
+def _small(batch: int, auto_splits: int) -> TuneShape:
+    """B <= 8 at H=128, top_k 2048: half and twice the heuristic's split count (twice with
+    32-token tiles where 64-token ones run out: 32 tiles), and 32-token tiles."""
+    double = ({"num_splits": auto_splits * 2} if auto_splits * 2 <= 32
+              else {"num_splits": auto_splits * 2, "block_n": 32, "num_stages": 3})
+    return TuneShape(f"B{batch}_H128_k2048", batch, 128, 2048, (
+        ("default", {}, ALL),
+        (f"split{auto_splits // 2}", {"num_splits": auto_splits // 2}, ALL),
+        (f"split{auto_splits * 2}" + ("" if auto_splits * 2 <= 32 else "_n32_s3"), double, ALL),
+        ("n32_s3", {"block_n": 32, "num_stages": 3}, ALL),
+        ("n32_s4", {"block_n": 32, "num_stages": 4}, ALL)))
+
+
+#: the tuning grid (``--tune``); the small-batch split counts bracket ``choose_num_splits``'s
+#: choice at 64-token tiles on 132 SMs (32, 16, 16, 8 for B = 1, 2, 4, 8; a split count past
+#: the 32 tiles is clamped to one tile per split)
+TUNE = (TuneShape("B128_H128_k2048", 128, 128, 2048, _BIG),
+        TuneShape("B128_H16_k2048", 128, 16, 2048, _TP8),
+        _small(1, 32), _small(2, 16), _small(4, 16), _small(8, 8))
+TUNE_QUICK = (TuneShape("quick_B2_H16_k96", 2, 16, 96, (
+    ("default", {}, ALL),
+    ("n16", {"block_n": 16}, ALL),
+    ("split3_n32", {"num_splits": 3, "block_n": 32}, ALL))),)
 
 
 def flops(b: int, h: int, top_k: int, d_qk: int, d_v: int) -> float:
@@ -179,14 +254,19 @@ def _names(allowed: Sequence[str], what: str):
 
 
 def _options(p: argparse.ArgumentParser) -> None:
-    shapes = [s.name for s in FULL.shapes + QUICK.shapes]
+    shapes = list(dict.fromkeys(s.name for s in FULL.shapes + QUICK.shapes + TUNE + TUNE_QUICK))
+    variants = sorted(set(VARIANTS) | {v[0] for t in TUNE + TUNE_QUICK for v in t.variants})
     p.add_argument("--formats", type=_names(KV_DTYPES, "KV format"), default=list(KV_DTYPES),
                    help=f"comma list of KV formats ({', '.join(KV_DTYPES)})")
-    p.add_argument("--variants", type=_names(list(VARIANTS), "variant"), default=[],
-                   help=f"comma list: only these variants ({', '.join(VARIANTS)})")
+    p.add_argument("--variants", type=_names(variants, "variant"), default=[],
+                   help=f"comma list: only these variants ({', '.join(variants)})")
     p.add_argument("--shapes", type=_names(shapes, "shape"), default=[],
                    help=f"comma list: only these sizes ({', '.join(shapes)})")
     p.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph timing")
+    p.add_argument("--tune", action="store_true",
+                   help="the tuning grid beside FlashMLA instead (TUNE; --formats and --variants "
+                        "apply, --shapes takes the tuning shapes' names), then the best variant "
+                        "per shape")
     p.add_argument("--rel-tol", type=float, default=1e-2)
     p.add_argument("--lse-tol", type=float, default=None,
                    help="max |lse - ref| (default 1e-3 for bf16 rows, 2e-2 for fp8_ds_mla rows, whose "
@@ -197,6 +277,9 @@ def _options(p: argparse.ArgumentParser) -> None:
           "Python call and CUDA-graph replay", options=_options)
 def attention(run: BenchRun) -> None:
     args = run.args
+    if args.tune:
+        tune(run)
+        return
     sz = QUICK if run.quick else FULL
     shapes = [s for s in sz.shapes if not args.shapes or s.name in args.shapes]
     b_max = max((s.batch for s in shapes), default=1)
@@ -229,6 +312,135 @@ def attention(run: BenchRun) -> None:
             torch.cuda.empty_cache()
 
 
-if __name__ == "__main__":   # the older spelling: python -m harness.bench.attention
-    from harness.bench.__main__ import main
-    raise SystemExit(main(["run", "attention", *__import__("sys").argv[1:]]))
+def tune(run: BenchRun) -> None:
+    """The ``--tune`` rows (module doc), then the summary table (:func:`tune_summary`)."""
+    args = run.args
+    sz = QUICK if run.quick else FULL
+    grid = [t for t in (TUNE_QUICK if run.quick else TUNE) if not args.shapes or t.name in args.shapes]
+    b_max = max((t.batch for t in grid), default=1)
+    for fi, kv_dtype in enumerate(args.formats):
+        pool = Pool(b_max, sz.pool_tokens, sz.page_size, sz.d_qk, sz.d_v, kv_dtype, run.device,
+                    seed=2000 + fi)
+        lse_tol = LSE_TOL[kv_dtype] if args.lse_tol is None else args.lse_tol
+        for si, shape in enumerate(grid):
+            prob = DecodeProblem.draw(pool, shape.batch, shape.heads, shape.top_k,
+                                      seed=20_000 * (fi + 1) + 100 * si)
+            cols = {**prob.columns(), "case": shape.name}
+            peer = _flashmla_row(run, prob, cols, args.rel_tol)
+            for name, kwargs, formats in shape.variants:
+                if kv_dtype not in formats or (args.variants and name not in args.variants):
+                    continue
+                row = _tuned_row(run, prob, name, kwargs, cols, args.rel_tol, lse_tol)
+                run.compare(row, peer)
+            del prob
+        del pool
+        if run.cuda:
+            torch.cuda.empty_cache()
+    print(f"\n== attention --tune: fastest correct variant per shape ==\n"
+          f"{format_table(tune_summary(run.rows), SUMMARY_TABLE)}", flush=True)
+
+
+def _flashmla_row(run: BenchRun, prob: DecodeProblem, cols: Dict, rel_tol: float) -> Dict:
+    """FlashMLA on ``prob``: heads padded to its count before timing, its first H checked."""
+    b, h, d_qk = prob.q.shape
+    try:
+        hp = padded_heads(h)
+    except ValueError as e:               # PeerUnsupported: more heads than FlashMLA takes
+        return run.skip("invalid", str(e), kernel="flashmla", **cols)
+    q = prob.q
+    if hp != h:
+        q = prob.q.new_zeros((b, hp, d_qk))
+        q[:, :h] = prob.q
+    pool = prob.pool
+    return run.measure(
+        lambda: flashmla_attention(run.device)(q, pool.cache, prob.indices, SM_SCALE, d_v=pool.d_v),
+        check=lambda out: prob.check_attention((out[0][:, :h], out[1][:, :h]), rel_tol, None),
+        kernel="flashmla", variant=f"heads{hp}" if hp != h else None, **cols)
+
+
+def _tuned_row(run: BenchRun, prob: DecodeProblem, name: str, kwargs: dict, cols: Dict,
+               rel_tol: float, lse_tol: float) -> Dict:
+    """One variant: launched once for its resolved configuration and compiled resources, then
+    checked and timed like every row."""
+    pool = prob.pool
+    try:
+        _, _, info = sparse_mla_decode_with_info(prob.q, pool.cache, prob.indices, SM_SCALE,
+                                                 pool.d_v, **kwargs)
+        compiled = {"launch_config": json.dumps(info.launch_kwargs(), sort_keys=True),
+                    "n_regs": info.n_regs, "n_spills": info.n_spills, "smem_bytes": info.smem_bytes}
+    except OutOfResources as e:  # does not fit this GPU (e.g. shared memory): the rest run
+        return run.skip("invalid", str(e), kernel="sparse_mla_decode", variant=name,
+                        launch_config=json.dumps(kwargs, sort_keys=True), **cols)
+    except Exception:  # measure below repeats the call and records the error with its traceback
+        compiled = {"launch_config": json.dumps(kwargs, sort_keys=True)}
+    return run.measure(
+        lambda: sparse_mla_decode(prob.q, pool.cache, prob.indices, SM_SCALE, pool.d_v, **kwargs),
+        check=lambda out: prob.check_attention(out, rel_tol, lse_tol),
+        kernel="sparse_mla_decode", variant=name, **compiled, **cols)
+
+
+#: the summary's columns: (header, key of a :func:`tune_summary` row, format)
+SUMMARY_TABLE = [("shape", "case", "s"), ("kv", "kv_dtype", "s"), ("best", "variant", "s"),
+                 ("splits", "num_splits", "d"), ("ours_us", "ours_us", ".1f"),
+                 ("default_us", "default_us", ".1f"), ("flashmla_us", "flashmla_us", ".1f"),
+                 ("ratio", "ratio", ".2f"), ("TFLOP/s", "tflops", ".0f"),
+                 ("n_regs", "n_regs", "d"), ("n_spills", "n_spills", "d"),
+                 ("smem_KB", "smem_kb", ".0f"), ("variants_ok", "n_ok", "d"),
+                 ("not_ok", "not_ok", "s")]
+
+
+def tune_summary(rows: Union[pd.DataFrame, Iterable[Mapping]]) -> List[Dict]:
+    """Per (case, kv_dtype): the fastest ``sparse_mla_decode`` row with status ``ok``
+    (``variant``, its ``ours_us`` median and ``tflops``, compiled ``n_regs`` / ``n_spills`` /
+    ``smem_kb``, launched ``num_splits``), the ``default`` variant's median (``default_us``),
+    the ``flashmla`` row's median when ok (``flashmla_us``), ``ratio`` = ours_us / flashmla_us
+    (NaN without an ok FlashMLA row), ``n_ok`` (variants ok) and ``not_ok`` (the others,
+    ``variant:status``). Cases in first-seen order; a case without an ok variant shows NaN."""
+    records = rows.to_dict("records") if isinstance(rows, pd.DataFrame) else [dict(r) for r in rows]
+    groups: Dict[Tuple[str, str], List[Dict]] = {}
+    for r in records:
+        if r.get("kernel") in ("sparse_mla_decode", "flashmla") and r.get("case"):
+            groups.setdefault((r["case"], r["kv_dtype"]), []).append(r)
+    nan = float("nan")
+    out = []
+    for (case, kv), rs in groups.items():
+        ours = [r for r in rs if r["kernel"] == "sparse_mla_decode"]
+        ok = [r for r in ours if r.get("status") == "ok"]
+        theirs = [r for r in rs if r["kernel"] == "flashmla" and r.get("status") == "ok"]
+        default = [r for r in ok if r.get("variant") == "default"]
+        best = min(ok, key=lambda r: r["latency_us_median"]) if ok else {}
+        flash_us = theirs[0]["latency_us_median"] if theirs else nan
+        ours_us = best.get("latency_us_median", nan)
+        launch = json.loads(best["launch_config"]) if best.get("launch_config") else {}
+        smem = _value(best.get("smem_bytes"))
+        out.append({"case": case, "kv_dtype": kv, "variant": best.get("variant"),
+                    "num_splits": launch.get("num_splits"), "ours_us": ours_us,
+                    "default_us": default[0]["latency_us_median"] if default else nan,
+                    "flashmla_us": flash_us,
+                    "ratio": ours_us / flash_us if theirs and ok else nan,
+                    "tflops": best.get("tflops", nan), "n_regs": _value(best.get("n_regs")),
+                    "n_spills": _value(best.get("n_spills")),
+                    "smem_kb": nan if smem is None else smem / 1024, "n_ok": len(ok),
+                    "not_ok": " ".join(f"{r.get('variant')}:{r.get('status')}" for r in ours
+                                       if r.get("status") != "ok")})
+    return out
+
+
+def _value(v):
+    """None for a missing value (None, NaN, pandas NA), else ``v``."""
+    if v is None or (not isinstance(v, str) and pd.isna(v)):
+        return None
+    return v
+
+
+if __name__ == "__main__":
+    import sys
+    if sys.argv[1:2] == ["summary"]:     # python -m harness.bench.attention summary DIR
+        if len(sys.argv) != 3:
+            print("usage: python -m harness.bench.attention summary DIR", file=sys.stderr)
+            raise SystemExit(2)
+        from harness import results
+        print(format_table(tune_summary(results.load(sys.argv[2])), SUMMARY_TABLE))
+        raise SystemExit(0)
+    from harness.bench.__main__ import main   # the older spelling: python -m harness.bench.attention
+    raise SystemExit(main(["run", "attention", *sys.argv[1:]]))

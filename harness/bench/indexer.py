@@ -18,6 +18,16 @@ Every row is timed as the Python call and, on the GPU, as a CUDA-graph replay (`
 ``--tune`` adds launch variants (``variant``, ``launch_config``): ``IndexerLaunch`` ones at the
 contexts >= 32K (with ``--quick``: the largest) plus bf16 index keys at the first of them, and
 ``TopkLaunch`` ones at the top-k contexts.
+
+``--variants`` (issue #13) is the comparison run instead: every ``INDEXER_VARIANTS`` entry at
+every context and every ``TOPK_VARIANTS`` entry beside ``torch.topk`` at the top-k contexts,
+each checked as above before it is timed, as CUDA-graph replays only (the Python call on the
+CPU), without the plan / transform / bf16 rows; it prints a compact summary (context, what,
+variant, us, GB/s or speed-up over torch.topk, % of the copy ceiling) before the full table.
+Counting convention: an indexer row's GB/s counts only the index-key bytes read (132 B per
+token); the copy ceiling counts read + write of a 1 GiB device copy, so "% of the ceiling"
+compares a read-only stream with a read+write one (the logits written, 4 B per token, are not
+counted).
 """
 from __future__ import annotations
 
@@ -45,6 +55,18 @@ INDEXER_VARIANTS: Dict[str, IndexerLaunch] = {
     "reg96": IndexerLaunch(maxnreg=96),
     "n128_w8": IndexerLaunch(block_n=128, num_warps=8, tile_in_page=False),
     "n128_w4": IndexerLaunch(block_n=128, tile_in_page=False),
+    # issue #13: the fp8 scales read a tile ahead; more stages (5: two key buffers in flight
+    # per program where 3 and 4 give one, from the sm_90 IR of Triton 3.6); occupancy / length
+    "prefetch": IndexerLaunch(prefetch=True),
+    "stages5": IndexerLaunch(num_stages=5),
+    "prefetch_stages5": IndexerLaunch(prefetch=True, num_stages=5),
+    "prefetch_stages6": IndexerLaunch(prefetch=True, num_stages=6),
+    "prefetch_stages5_pps2": IndexerLaunch(prefetch=True, num_stages=5, programs_per_sm=2),
+    "prefetch_stages5_pps8": IndexerLaunch(prefetch=True, num_stages=5, programs_per_sm=8),
+    "prefetch_stages5_tok4096": IndexerLaunch(prefetch=True, num_stages=5,
+                                              max_tokens_per_program=4096),
+    "prefetch_n128_w8_stages5": IndexerLaunch(block_n=128, num_warps=8, tile_in_page=False,
+                                              prefetch=True, num_stages=5),
 }
 #: top-k launch variants timed with --tune
 TOPK_VARIANTS: Dict[str, TopkLaunch] = {
@@ -53,6 +75,12 @@ TOPK_VARIANTS: Dict[str, TopkLaunch] = {
     "scan_b4096_w8_s3": TopkLaunch(scan_block_max=4096, scan_warps=8, scan_stages=3),
     "scan_b1024": TopkLaunch(scan_block_max=1024),
     "scan_b1024_w2": TopkLaunch(scan_block_max=1024, scan_warps=2),
+    # issue #13: the threshold inside the scan kernel, and / or the windowed sample search
+    "fused": TopkLaunch(fuse_threshold=True),
+    "window": TopkLaunch(threshold_window=True),
+    "fused_window": TopkLaunch(fuse_threshold=True, threshold_window=True),
+    "fused_window_select_w16": TopkLaunch(fuse_threshold=True, threshold_window=True,
+                                          select_warps=16),
 }
 #: --tune sweeps the indexer variants at contexts from this length on
 TUNE_MIN_CONTEXT = 32768
@@ -118,6 +146,9 @@ def topk_error(pos: torch.Tensor, logits: torch.Tensor, lens: torch.Tensor, k: i
 def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tune", nargs="?", const="all", default="", choices=["all", "indexer", "topk"],
                    help="also time launch variants (all / indexer / topk)")
+    p.add_argument("--variants", action="store_true",
+                   help="instead: every indexer variant at every context and every top-k variant "
+                        "beside torch.topk, graph replays only, a compact summary")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--contexts", type=int, nargs="+", default=[8192, 32768, 131072])
     p.add_argument("--topk-contexts", type=int, nargs="+", default=[32768, 131072],
@@ -143,6 +174,11 @@ def _sizes(run: BenchRun) -> argparse.Namespace:
           "plan, ours vs torch.topk, fused vs unfused PAGED transform", options=_options)
 def indexer(run: BenchRun) -> None:
     a = _sizes(run)
+    if a.variants:
+        if a.tune:
+            raise ValueError("--variants and --tune are separate runs: give one of them")
+        variants_run(run, a)
+        return
     B, H, D, P = a.batch, a.heads, a.dim, a.page
     tune_ctx = [c for c in a.contexts if c >= TUNE_MIN_CONTEXT] or (a.contexts[-1:] if run.quick else [])
     for ctx in a.contexts:
@@ -197,6 +233,70 @@ def topk_rows(run: BenchRun, a: argparse.Namespace, logits: torch.Tensor, bt: to
                 graph=graph, kernel="topk_transform", variant="fused" if fuse else "unfused",
                 page_size=a.page, **cols)
         run.compare(transform[True], transform[False])
+
+
+def variants_run(run: BenchRun, a: argparse.Namespace) -> None:
+    """``--variants``: every indexer and top-k variant, checked, then timed (module doc)."""
+    B, H, D, P, k = a.batch, a.heads, a.dim, a.page, a.top_k
+    graph = run.cuda
+    first = len(run.rows)
+    for ctx in a.contexts:
+        cache, bt, q, w, lens = build_problem(B, ctx, H, D, P, run.device)
+        cols = {"kernel": "indexer_logits_paged", "kv_dtype": "fp8", "batch_size": B,
+                "context_len": ctx, "num_heads": H, "head_dim": D, "page_size": P,
+                "bytes_hbm_read": B * ctx * cache.bytes_per_token}
+        for name, launch in INDEXER_VARIANTS.items():
+            run.measure(lambda: indexer_logits_paged(q, w, cache.data, bt, lens, max_len=ctx,
+                                                     launch=launch),
+                        check=lambda out: check_indexer(out, q, w, cache, bt, lens),
+                        graph=graph, **cols, **_launch(name, launch))
+        if ctx in a.topk_contexts:
+            logits = indexer_logits_paged(q, w, cache.data, bt, lens, max_len=ctx)
+            del cache, q, w
+            tcols = {"batch_size": B, "context_len": ctx, "top_k": k}
+            plan = plan_topk(lens, k, max_len=ctx)
+            reference = run.measure(lambda: torch.topk(logits, min(k, ctx), dim=1, sorted=False),
+                                    check=None, graph=graph, kernel="torch.topk", **tcols)
+            for name, launch in TOPK_VARIANTS.items():
+                ours = run.measure(lambda: topk_per_row(logits, lens, k, plan=plan, launch=launch),
+                                   check=lambda out: exact(0.0, topk_error(out, logits, lens, k)),
+                                   graph=graph, kernel="topk_per_row", **tcols,
+                                   **_launch(name, launch))
+                run.compare(ours, reference)
+            del logits
+        else:
+            del cache, q, w
+        if run.cuda:
+            torch.cuda.empty_cache()
+    print(summary(run.rows[first:]), flush=True)
+
+
+def summary(rows) -> str:
+    """The compact table of a ``--variants`` run: per context, the indexer variants (GB/s of
+    index keys read, % of the read+write copy ceiling) and the top-k variants (speed-up over
+    torch.topk), fastest first within each group."""
+    def key(r):
+        return (r["context_len"], r["kernel"] != "indexer_logits_paged",
+                r.get("latency_us_median") or float("inf"))
+    lines = ["indexer GB/s = index-key bytes read / time; ceiling = 1 GiB device copy, read + "
+             "write counted",
+             f"{'ctx':>7} {'what':<8} {'variant':<26} {'us':>8} {'GB/s|x':>8} {'%ceil':>6} status"]
+    for r in sorted(rows, key=key):
+        lat = r.get("latency_us_median")
+        us = f"{lat:8.1f}" if lat is not None else f"{'':8}"
+        if r["kernel"] == "indexer_logits_paged":
+            gbps, ceil = r.get("hbm_gbps"), r.get("ceiling_hbm_gbps")
+            rate = f"{gbps:8.0f}" if gbps is not None else f"{'':8}"
+            pct = (f"{100 * gbps / ceil:5.0f}%" if gbps is not None and ceil == ceil
+                   else f"{'':6}")
+            what = "indexer"
+        else:
+            ratio = r.get("ratio_to_peer")
+            rate = f"{1 / ratio:7.2f}x" if ratio and ratio == ratio else f"{'':8}"
+            pct, what = f"{'':6}", "topk" if r["kernel"] == "topk_per_row" else "torch"
+        lines.append(f"{r['context_len']:>7} {what:<8} {str(r.get('variant') or ''):<26} {us} "
+                     f"{rate} {pct} {r['status']}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":   # the older spelling: python -m harness.bench.indexer

@@ -43,10 +43,13 @@ REL_TOL = 1e-2
 
 def attention_peers(run: BenchRun) -> None:
     sz = attention.QUICK if run.quick else attention.FULL
+    # full sizes: also TP8 (16 heads per GPU; FlashMLA's call pads them to 64, as vLLM does)
+    shapes = sz.shapes if run.quick else sz.shapes + (
+        attention.Shape("B128_H16_k2048", 128, 16, 2048, ("default",)),)
     for fmt in KV_DTYPES:
-        pool = Pool(max(s.batch for s in sz.shapes), sz.pool_tokens, sz.page_size, sz.d_qk,
+        pool = Pool(max(s.batch for s in shapes), sz.pool_tokens, sz.page_size, sz.d_qk,
                     sz.d_v, fmt, run.device, seed=1)
-        for s in sz.shapes:
+        for s in shapes:
             prob = DecodeProblem.draw(pool, s.batch, s.heads, s.top_k, seed=s.batch * 7 + s.top_k)
             cols = {**prob.columns(), "case": s.name}
             ours = run.measure(

@@ -14,6 +14,21 @@ pages; ``--quick``: ``QUICK``):
   misses every step, device rows in the burn-in steps, the final LRU orders) and the hot-buffer
   state before each step recorded; each timed call then starts, in its untimed set-up, from the
   recorded state of its step, so every engine times the same checked steps.
+* ``gather`` (issue #13): the ``uva_kernel`` copy alone (``GatherCase``): ``gather_rows`` rows
+  of 656 B from host pools of ``gather_pools`` rows, per host allocation (``--host-alloc``:
+  torch's pinned allocator, or a transparent-huge-page mapping registered with
+  cudaHostRegister), row distribution (``GATHER_DISTS``: random, sorted, a 64 MiB window,
+  whole 4 KiB pages, contiguous) and launch variant (``GATHER_VARIANTS``, at the smallest
+  pool), ``gather_runs`` independent runs each (fresh rows; ``seed`` = run). A pool that cannot
+  be allocated is skipped with a printed reason. Printed last: GB/s of each run's median and
+  the spread of those medians (``gather_summary``).
+* ``context``: swap-in at equal misses vs context (batch 32, 85 % overlap, 16K..128K, the
+  coordinator's own host pool): ``resolve_selection``, ``copy_planned_misses`` and
+  ``swap_in_selected_pages`` timed apart, each call an exact re-run of a recorded step
+  (``context``; ``context_summary`` prints resolve / copy / total per context).
+
+``--section`` picks sections (default all); ``summary(DIR)`` reprints both summaries of a
+stored run.
 
 Checks (before timing): the device row behind every returned slot equals the host row of the
 selected position (``max_rel_err`` = fraction of wrong rows, tolerance 0; for ``copy`` rows the
@@ -24,19 +39,54 @@ the timed steps for ``steady_state``); ``h2d_gbps`` follows, against ``ceiling_h
 """
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+import pandas as pd
 import torch
 
-from backends.copy_engines import COPY_ENGINES
+from backends.copy_engines import COPY_ENGINES, UVA_CUDA_LAUNCH, UvaKernelEngine
 from backends.hisparse_coordinator import HiSparseCoordinator
-from harness.bench.measure import BenchRun, Check, exact
+from harness import results
+from harness.bench.measure import NAN, BenchRun, Check, exact
 from harness.bench.registry import register
+from harness.bench.table import format_table
 from harness.lru_model import CoordinatorModel
+from harness.memory import host_available_bytes
+
+
+#: uva_kernel launch variants of the gather section: name -> ``UvaKernelEngine`` keyword
+#: arguments, ``programs`` given as a multiple of the SM count (``programs_per_sm``; 0 = the
+#: capacity grid). ``default`` is the coordinator's launch on CUDA (``UVA_CUDA_LAUNCH``);
+#: ``capacity_rows4`` the capacity grid with 4 rows a program (the default before 2026-12-02).
+GATHER_VARIANTS: Dict[str, Dict[str, object]] = {
+    "default": dict(UVA_CUDA_LAUNCH),
+    "capacity_rows4": {},
+    "rows1_w1": dict(rows_per_program=1, num_warps=1),
+    "rows2_w2": dict(rows_per_program=2, num_warps=2),
+    "rows8_w4": dict(rows_per_program=8, num_warps=4),
+    "rows8_w8": dict(rows_per_program=8, num_warps=8),
+    "rows16_w8": dict(rows_per_program=16, num_warps=8),
+    "rows32_w8": dict(rows_per_program=32, num_warps=8),
+    "rows4_ldcg": dict(load_cache=".cg"),
+    "rows4_ldcv": dict(load_cache=".cv"),
+    "rows4_stcs": dict(store_cache=".cs"),
+    "rows8_w8_cg_cs": dict(rows_per_program=8, num_warps=8, load_cache=".cg", store_cache=".cs"),
+    "persist1x_rows8": dict(rows_per_program=8, num_warps=8, programs_per_sm=1),
+    "persist4x_rows4": dict(rows_per_program=4, num_warps=4, programs_per_sm=4),
+    "persist8x_rows2": dict(rows_per_program=2, num_warps=2, programs_per_sm=8),
+}
+#: gather row distributions (``gather_host_rows``)
+GATHER_DISTS = ("random", "sorted", "window", "pages_4k", "contiguous")
+#: host pool allocations: torch's pinned allocator (cudaHostAlloc, as the coordinator), or an
+#: anonymous mapping advised to transparent huge pages and registered (cudaHostRegister)
+HOST_ALLOCS = ("pinned", "thp")
+SECTIONS = ("all_misses", "all_hits", "steady_state", "gather", "context")
+OS_PAGE = 4096
 
 
 @dataclass(frozen=True)
@@ -52,11 +102,25 @@ class Sizes:
     overlap_c: float = 0.85
     burn_in_c: int = 4                 # steady_state: free steps before the timed ones
     uva_rows_sweep: Tuple[int, ...] = (1, 2, 4, 8, 16)    # uva_kernel rows per program (default 4)
+    gather_pools: Tuple[int, ...] = (1 << 20, 1 << 22, 1 << 24)  # gather: host pool rows
+    gather_rows: Tuple[int, ...] = (256, 2048, 16384)             # gather: rows per copy
+    gather_runs: int = 3               # gather: independent runs (fresh rows) per variant
+    window_bytes: int = 64 << 20       # gather: the 'window' rows lie in one span this long
+    gather_variants: Tuple[str, ...] = tuple(GATHER_VARIANTS)
+    context_batch: int = 32
+    context_lens: Tuple[int, ...] = (16384, 32768, 65536, 131072)
+    context_timed_steps: int = 3       # context: distinct steps the timed calls cycle over
+    context_variants: Tuple[str, ...] = ("default", "capacity_rows4")  # context: copy engines
+    evict_bytes: int = 2 << 30         # host memory read to flush the CPU caches after set-up
 
 
 FULL = Sizes()
 QUICK = Sizes(row_bytes=656, top_k=32, device_buffer_size=64, page_size=8, host_rows_a=4096,
-              batch=3, seq_len_b=100, seq_len_c=400, burn_in_c=2, uva_rows_sweep=(4, 16))
+              batch=3, seq_len_b=100, seq_len_c=400, burn_in_c=2, uva_rows_sweep=(4, 16),
+              gather_pools=(4096, 16384), gather_rows=(16, 64), gather_runs=2,
+              window_bytes=128 * 656, gather_variants=("default", "capacity_rows4", "rows16_w8"),
+              context_batch=2, context_lens=(200, 400), context_timed_steps=2,
+              evict_bytes=1 << 20)
 
 
 def random_rows(n: int, row_bytes: int, device: torch.device, seed: int) -> torch.Tensor:
@@ -88,16 +152,18 @@ def loaded_coordinator(sz: Sizes, device: torch.device, batch: int, seq_len: int
 
 
 def row_error(c: HiSparseCoordinator, reqs: Sequence[int], sel: np.ndarray,
-              out: torch.Tensor) -> float:
+              out: torch.Tensor, mirror: Optional[torch.Tensor] = None) -> float:
     """Fraction of valid selected entries (``sel`` int ``[B, K]``) whose device row behind
     ``out`` (int32 ``[B, K]`` rows of ``c.device_pool(0)``) differs from the host row of that
-    position (layer 0)."""
-    pool = c.device_pool(0).cpu()
+    position (layer 0). ``mirror``: a device copy of the host pool of layer 0 to compare with
+    instead (the CPU then never reads the host rows, which would leave them in its caches)."""
+    pool = c.device_pool(0) if mirror is not None else c.device_pool(0).cpu()
     bad = total = 0
     for b, r in enumerate(reqs):
         live = sel[b] >= 0
-        got = pool[out[b].cpu()[torch.from_numpy(live)].long()]
-        want = c.host_kv[0][torch.from_numpy(c.host_rows_of(r, sel[b][live]))].cpu()
+        got = pool[out[b].to(pool.device)[torch.from_numpy(live).to(pool.device)].long()]
+        rows = torch.from_numpy(c.host_rows_of(r, sel[b][live]))
+        want = mirror[rows.to(mirror.device)] if mirror is not None else c.host_kv[0][rows].cpu()
         bad += int((got != want).any(dim=1).sum())
         total += int(live.sum())
     return bad / max(total, 1)
@@ -325,12 +391,477 @@ def _misses_vs(got: List[int], want: List[int]) -> str:
     return "" if got == want else f"misses per request {got}, recorded {want}"
 
 
+# ------------------------------------------------------------------------ host pools
+class HostPool:
+    """A uint8 ``[rows, row_bytes]`` host pool for the zero-copy kernel, filled with fresh random
+    bytes. ``alloc``: 'pinned' (``torch.empty(pin_memory=True)``: cudaHostAlloc through torch's
+    caching host allocator, as the coordinator allocates) or 'thp' (an anonymous mapping aligned
+    to 2 MiB, advised MADV_HUGEPAGE, touched, then cudaHostRegister-ed; CUDA only).
+    ``mirror``: the same bytes on ``device`` (checks compare with it, so the CPU never reads the
+    pool and leaves no row in its caches); ``huge_fraction``: share of the pool's bytes backed by
+    transparent huge pages (AnonHugePages in /proc/self/smaps; NaN where not readable).
+    ``close()`` frees it."""
+
+    HUGE = 2 << 20
+
+    def __init__(self, rows: int, row_bytes: int, alloc: str, device: torch.device, seed: int):
+        if alloc not in HOST_ALLOCS:
+            raise ValueError(f"host alloc must be one of {HOST_ALLOCS}, got {alloc!r}")
+        self.alloc, self.nbytes = alloc, rows * row_bytes
+        self._map = None
+        self._registered = False
+        if alloc == "pinned":
+            self.tensor = torch.empty((rows, row_bytes), dtype=torch.uint8,
+                                      pin_memory=device.type == "cuda")
+        else:
+            import mmap
+            self._map = mmap.mmap(-1, self.nbytes + self.HUGE,
+                                  flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            self._map.madvise(mmap.MADV_HUGEPAGE)
+            flat = torch.frombuffer(self._map, dtype=torch.uint8)
+            skip = (-flat.data_ptr()) % self.HUGE
+            self.tensor = flat[skip:skip + self.nbytes].view(rows, row_bytes)
+        self.mirror = torch.empty((rows, row_bytes), dtype=torch.uint8, device=device)
+        fill_random(self.tensor, self.mirror, seed)   # first touch: THP backing happens here
+        if alloc == "thp":
+            err = torch.cuda.cudart().cudaHostRegister(self.tensor.data_ptr(), self.nbytes, 0)
+            if int(err) != 0:
+                raise RuntimeError(f"cudaHostRegister of {self.nbytes} bytes failed: {err}")
+            self._registered = True
+        self.huge_fraction = anon_huge_fraction(self.tensor.data_ptr(), self.nbytes)
+
+    def close(self) -> None:
+        """Unregisters the pool and drops this object's references to it: the memory goes back
+        once no other tensor views it (the mapping is unmapped when its last view dies)."""
+        if self._registered:
+            torch.cuda.cudart().cudaHostUnregister(self.tensor.data_ptr())
+            self._registered = False
+        self.tensor = self._map = self.mirror = None
+        release_cached_pinned()
+
+
+def release_cached_pinned() -> None:
+    """Gives the pinned blocks torch's caching host allocator keeps back to the system."""
+    if hasattr(torch._C, "_host_emptyCache"):
+        torch._C._host_emptyCache()
+
+
+def fill_random(t: torch.Tensor, mirror: torch.Tensor, seed: int, chunk_rows: int = 1 << 18
+                ) -> None:
+    """Fills the host rows ``t`` and their device ``mirror`` (both uint8 ``[rows, row_bytes]``)
+    with the same fresh random bytes, generated on the mirror's device ``chunk_rows`` at a time."""
+    g = torch.Generator(device=mirror.device).manual_seed(seed)
+    for a in range(0, t.shape[0], chunk_rows):
+        n = min(chunk_rows, t.shape[0] - a)
+        torch.randint(0, 256, (n, t.shape[1]), dtype=torch.uint8, device=mirror.device,
+                      generator=g, out=mirror[a:a + n])
+        t[a:a + n].copy_(mirror[a:a + n])
+
+
+def evict_host_caches(nbytes: int = 2 << 30) -> None:
+    """Reads ``nbytes`` of fresh host memory, pushing the pool's rows (written by the CPU or by
+    DMA just before) out of the CPU caches: timed reads then come from DRAM, as in serving."""
+    scratch = np.ones(nbytes // 8, dtype=np.int64)
+    int(scratch.sum())
+
+
+def anon_huge_fraction(ptr: int, nbytes: int) -> float:
+    """Share of ``[ptr, ptr + nbytes)`` in mappings' AnonHugePages (/proc/self/smaps, Linux);
+    NaN where smaps cannot be read."""
+    try:
+        text = open("/proc/self/smaps").read().splitlines()
+    except OSError:
+        return float("nan")
+    huge, inside = 0, False
+    for line in text:
+        head = line.split()[0] if line else ""
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo < ptr + nbytes and hi > ptr
+        elif inside and head == "AnonHugePages:":
+            huge += int(line.split()[1]) * 1024
+    return min(1.0, huge / nbytes) if nbytes else float("nan")
+
+
+def pool_fits(nbytes: int, alloc: str) -> Tuple[bool, str]:
+    """Whether a host pool of ``nbytes`` can be allocated now (torch's pinned allocator rounds
+    up to a power of two), and the reason when not."""
+    need = next_pow2_bytes(nbytes) if alloc == "pinned" else nbytes
+    avail = host_available_bytes()
+    if need > 0.8 * avail:
+        return False, (f"needs {need / 2**30:.1f} GiB of host memory ({alloc}), "
+                       f"MemAvailable is {avail / 2**30:.1f} GiB")
+    return True, ""
+
+
+def next_pow2_bytes(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def host_facts(device: torch.device) -> str:
+    """One line of what decides host-memory reads over PCIe: the GPU's NUMA node, the CPUs this
+    process may run on (and their nodes), transparent huge pages, IOMMU groups."""
+    def read(path: str) -> str:
+        try:
+            return open(path).read().strip()
+        except OSError:
+            return "?"
+    facts = []
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        bdf = (f"{getattr(p, 'pci_domain_id', 0):04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+               if hasattr(p, "pci_bus_id") else "")
+        if bdf:
+            facts.append(f"gpu {bdf} numa_node={read(f'/sys/bus/pci/devices/{bdf}/numa_node')}")
+    import os
+    cpus = sorted(os.sched_getaffinity(0))
+    nodes = sorted({n for c in cpus for n in os.listdir(f"/sys/devices/system/cpu/cpu{c}")
+                    if n.startswith("node")}) if os.path.isdir("/sys/devices/system/cpu") else []
+    facts.append(f"cpus {len(cpus)} on {','.join(nodes) or '?'}")
+    facts.append(f"thp {read('/sys/kernel/mm/transparent_hugepage/enabled')}")
+    groups = "/sys/kernel/iommu_groups"
+    facts.append(f"iommu_groups {len(os.listdir(groups)) if os.path.isdir(groups) else 0}")
+    return "; ".join(facts)
+
+
+# ------------------------------------------------------------------------ gather
+def gather_host_rows(dist: str, rng: np.random.Generator, pool_rows: int, n: int,
+                     row_bytes: int, window_bytes: int) -> np.ndarray:
+    """``n`` distinct host rows (int64) of a pool of ``pool_rows`` rows, in plan order:
+
+    * ``random``: uniform over the pool, random order (as the swap-in's misses);
+    * ``sorted``: the same kind of rows in ascending (4 KiB page) order;
+    * ``window``: uniform within one random span of ``window_bytes``, random order;
+    * ``pages_4k``: every row starting in randomly chosen 4 KiB OS pages (about
+      4096 / row_bytes rows a page: fewest pages touched), in address order;
+    * ``contiguous``: ``n`` consecutive rows at a random offset.
+    """
+    if dist == "random":
+        return rng.choice(pool_rows, n, replace=False).astype(np.int64)
+    if dist == "sorted":
+        return np.sort(rng.choice(pool_rows, n, replace=False)).astype(np.int64)
+    if dist == "window":
+        w = min(pool_rows, window_bytes // row_bytes)
+        if w < n:
+            raise ValueError(f"window of {window_bytes} bytes holds {w} rows < {n}")
+        return rng.integers(0, pool_rows - w + 1) + rng.choice(w, n, replace=False).astype(np.int64)
+    if dist == "pages_4k":
+        pages = pool_rows * row_bytes // OS_PAGE
+        chosen = np.sort(rng.choice(pages, min(pages, n // (OS_PAGE // row_bytes) + 2),
+                                    replace=False))
+        first = -(-chosen * OS_PAGE // row_bytes)
+        last = -(-(chosen + 1) * OS_PAGE // row_bytes)           # exclusive
+        rows = np.concatenate([np.arange(a, b) for a, b in zip(first, last)])
+        rows = rows[rows < pool_rows]
+        if len(rows) < n:
+            raise ValueError(f"pages_4k: {len(rows)} rows in the chosen pages < {n}")
+        return rows[:n].astype(np.int64)
+    if dist == "contiguous":
+        return rng.integers(0, pool_rows - n + 1) + np.arange(n, dtype=np.int64)
+    raise ValueError(f"gather distribution must be one of {GATHER_DISTS}, got {dist!r}")
+
+
+def gather_engine(variant: str, sm_count: int) -> UvaKernelEngine:
+    """The ``UvaKernelEngine`` of a ``GATHER_VARIANTS`` entry on a GPU of ``sm_count`` SMs."""
+    kw = dict(GATHER_VARIANTS[variant])
+    per_sm = int(kw.pop("programs_per_sm", 0))
+    return UvaKernelEngine(programs=per_sm * sm_count, **kw)
+
+
+class GatherCase:
+    """One timed gather: ``n`` rows of ``pool`` (rows from ``gather_host_rows``) into a device
+    pool of ``n`` rows at a random permutation of its rows (the plan: int32 ``[1, 1 + 2n]``).
+    ``setup`` inverts every device row (untimed), so each call must rewrite all of them, and
+    with ``cpu_read`` first reads the rows on the CPU (they are then in its caches: the warm
+    case the checks of the older copy rows create); ``check`` compares the planned device rows
+    with their rows in the pool's device mirror."""
+
+    def __init__(self, pool: HostPool, host_rows: np.ndarray, rng: np.random.Generator,
+                 device: torch.device, cpu_read: bool = False):
+        n = len(host_rows)
+        self.pool, self.mirror, self.cpu_read = pool.tensor, pool.mirror, cpu_read
+        self.src = torch.from_numpy(host_rows)
+        self.dst = torch.from_numpy(rng.permutation(n).astype(np.int64))
+        plan = np.concatenate([[n], host_rows, self.dst.numpy()]).astype(np.int32)[None]
+        self.plan = torch.from_numpy(plan).to(device)
+        g = torch.Generator(device=device).manual_seed(int(rng.integers(1 << 31)))
+        self.dev = torch.randint(0, 256, (n, self.pool.shape[1]), dtype=torch.uint8,
+                                 device=device, generator=g)
+
+    def setup(self) -> None:
+        if self.cpu_read:
+            self.pool.index_select(0, self.src)
+        self.dev.bitwise_not_()
+
+    def call(self, engine: UvaKernelEngine):
+        return lambda: engine.copy(self.pool, self.dev, self.plan, 1, 1)
+
+    def check(self, _=None) -> Check:
+        got = self.dev[self.dst.to(self.dev.device)]
+        want = self.mirror[self.src.to(self.mirror.device)]
+        return exact(float((got != want).any(dim=1).float().mean()))
+
+
+def gather(run: BenchRun, sz: Sizes) -> None:
+    """The copy alone: ``GatherCase`` rows per host allocation, pool size, row count,
+    distribution and launch variant, ``gather_runs`` independent runs each (fresh rows and a
+    fresh plan per run, ``seed`` = the run). Launch variants at the smallest pool; every row
+    count at every pool (random rows, default variant); every distribution at the middle row
+    count."""
+    print(f"[swap_in] host: {host_facts(run.device)}", flush=True)
+    sms = (torch.cuda.get_device_properties(run.device).multi_processor_count if run.cuda
+           else 2)
+    mid = sz.gather_rows[len(sz.gather_rows) // 2]
+    allocs = [a for a in run.args.host_alloc if a == "pinned" or run.cuda]
+    if allocs != list(run.args.host_alloc):
+        print("[swap_in] gather: host alloc thp needs CUDA (cudaHostRegister): skipped", flush=True)
+    for alloc in allocs:
+        for pi, pool_rows in enumerate(sz.gather_pools):
+            nbytes = pool_rows * sz.row_bytes
+            ok, why = pool_fits(nbytes, alloc)
+            if not ok:
+                print(f"[swap_in] gather: {alloc} pool of {pool_rows} rows skipped: {why}",
+                      flush=True)
+                continue
+            try:
+                pool = HostPool(pool_rows, sz.row_bytes, alloc, run.device, seed=pool_rows)
+            except (RuntimeError, MemoryError, OSError) as e:
+                print(f"[swap_in] gather: {alloc} pool of {pool_rows} rows skipped: "
+                      f"allocation failed: {e}", flush=True)
+                continue
+            evict_host_caches(sz.evict_bytes)
+            print(f"[swap_in] gather: {alloc} pool {pool_rows} rows ({nbytes / 2**30:.2f} GiB), "
+                  f"huge-page backed {pool.huge_fraction:.0%}", flush=True)
+            cases = [(n, "random", v) for n in sz.gather_rows
+                     for v in (sz.gather_variants if pi == 0 and alloc == "pinned"
+                               else ("default",))]
+            cases += [(mid, d, "default") for d in GATHER_DISTS if d != "random"]
+            cases += [(mid, "random_cpu_read", "default")]
+            for n, case, variant in cases:
+                engine = gather_engine(variant, sms)
+                dist = case.replace("_cpu_read", "")
+                for rep in range(sz.gather_runs):
+                    rng = np.random.default_rng([pool_rows, n, GATHER_DISTS.index(dist), rep])
+                    g = GatherCase(pool, gather_host_rows(dist, rng, pool_rows, n, sz.row_bytes,
+                                                          sz.window_bytes),
+                                   rng, run.device, cpu_read=case != dist)
+                    run.measure(g.call(engine), setup=g.setup, check=g.check, kernel="gather",
+                                case=case if alloc == "pinned" else f"{case}+{alloc}",
+                                variant=variant, launch_config=json.dumps(engine.launch_config()),
+                                copy_engine="uva_kernel", kv_row_bytes=sz.row_bytes, misses=n,
+                                tokens_loaded=n, bytes_h2d=n * sz.row_bytes, host_bytes=nbytes,
+                                seed=rep)
+            g = None                                   # its plan views the pool
+            pool.close()
+    print(gather_summary(run.rows), flush=True)
+
+
+def gather_summary(rows: Sequence[Dict]) -> str:
+    """Per (case, pool, rows, variant) of the ok gather rows: GB/s of each run's median, their
+    median and spread ((max - min) / median), sorted by pool, rows, case, GB/s."""
+    df = pd.DataFrame([r for r in rows if r.get("kernel") == "gather" and r["status"] == "ok"])
+    if df.empty:
+        return "(no gather rows)"
+    out = []
+    for (case, pool, n, variant), g in df.groupby(["case", "host_bytes", "misses", "variant"]):
+        gb = g.sort_values("seed")["h2d_gbps"].to_numpy(float)
+        med = float(np.median(gb))
+        out.append({"case": case, "pool_rows": pool // int(g["kv_row_bytes"].iloc[0]), "rows": n,
+                    "variant": variant, "runs": " ".join(f"{x:.1f}" for x in gb),
+                    "gbps": med, "spread": (gb.max() - gb.min()) / med if med else NAN,
+                    "us": float(np.median(g["latency_us_median"]))})
+    out.sort(key=lambda r: (r["pool_rows"], r["rows"], r["case"], -r["gbps"]))
+    return "== gather (copy alone; GB/s of each run's median) ==\n" + format_table(out, [
+        ("case", "case", "s"), ("pool_rows", "pool_rows", "d"), ("rows", "rows", "d"),
+        ("variant", "variant", "s"), ("us", "us", ".1f"), ("GB/s", "gbps", ".1f"),
+        ("spread", "spread", "%"), ("runs_GB/s", "runs", "s")])
+
+
+# ------------------------------------------------------------------------ context
+def context(run: BenchRun, sz: Sizes) -> None:
+    """Swap-in at equal misses vs context: batch ``context_batch``, ``top_k``, ``overlap_c``
+    overlap, the coordinator's own host pool (``context_batch * S`` rows, shuffled pages) per
+    context S. After ``burn_in_c`` free steps (each checked by ``row_error``), the hot-buffer
+    state *and device pool* before each of ``context_timed_steps`` steps is recorded; each timed
+    call restores its step's (untimed), so every call is an exact re-run of a recorded step:
+    ``resolve_selection`` (checked: slot table and misses equal the free run's),
+    ``copy_planned_misses`` after an untimed resolve and ``swap_in_selected_pages`` (both checked
+    by ``row_error`` against a device mirror of the host pool: every selected row right). The
+    CPU caches are flushed of host rows after set-up (``evict_host_caches``) and the checks never
+    read the host pool on the CPU, so timed reads come from DRAM. With host alloc 'thp' the
+    coordinator's host pool is replaced (before loading) by a ``HostPool`` of the same shape."""
+    B, K = sz.context_batch, sz.top_k
+    reqs = list(range(B))
+    sms = (torch.cuda.get_device_properties(run.device).multi_processor_count if run.cuda
+           else 2)
+    allocs = [a for a in run.args.host_alloc if a == "pinned" or run.cuda]
+    for alloc in allocs:
+        for S in sz.context_lens:
+            nbytes = B * S * sz.row_bytes
+            ok, why = pool_fits(nbytes, "pinned") if alloc == "pinned" else pool_fits(nbytes, alloc)
+            if not ok:
+                print(f"[swap_in] context {S} ({alloc}) skipped: {why}", flush=True)
+                continue
+            c = coordinator(sz, run.device, B, S)
+            thp = None
+            if alloc == "thp":
+                thp = HostPool(c.host_rows, sz.row_bytes, "thp", run.device, seed=S)
+                c.host_kv = thp.tensor.view(1, c.host_rows, sz.row_bytes)
+                thp.mirror = None                    # the rows loaded below replace its bytes
+                release_cached_pinned()
+            mirror = torch.zeros((c.host_rows, sz.row_bytes), dtype=torch.uint8,
+                                 device=run.device)
+            for r in reqs:
+                kv = random_rows(S, sz.row_bytes, run.device, 7 * S + r)
+                c.load_host_kv(0, r, kv)
+                mirror[torch.from_numpy(c.host_rows_of(r, np.arange(S))).to(run.device)] = \
+                    kv.to(run.device)
+            c.prefill(reqs, [S - 1] * B)
+            c.begin_step(reqs, [S] * B)
+            evict_host_caches(sz.evict_bytes)        # the CPU wrote (and prefill read) host rows
+            steps = sz.burn_in_c + sz.context_timed_steps
+            sels = overlap_selections(np.random.default_rng(S), steps, B, K, S, sz.overlap_c)
+            req = torch.tensor(reqs, dtype=torch.int32, device=run.device)
+            seq = torch.full((B,), S, dtype=torch.int32, device=run.device)
+            timed = list(range(sz.burn_in_c, steps))
+            states, outs, misses, err = {}, [], [], 0.0
+            for i, sel in enumerate(sels):
+                if i in timed:
+                    states[i] = (c.slot_unit[0].clone(), c.lru[0].clone(),
+                                 c.device_kv[0].clone())
+                topk_i = torch.from_numpy(sel.astype(np.int32)).to(run.device)
+                outs.append(c.swap_in_selected_pages(req, seq, topk_i, 0).clone())
+                misses.append(c.last_counts["misses"].cpu().tolist())
+                err = max(err, row_error(c, reqs, sel, outs[-1], mirror))
+            topk = torch.empty((B, K), dtype=torch.int32, device=run.device)
+            calls = itertools.count()
+            current = [timed[0]]
+
+            def restore(resolve: bool = False) -> None:
+                i = current[0] = timed[next(calls) % len(timed)]
+                slot_unit, lru, pool = states[i]
+                c.slot_unit[0].copy_(slot_unit)
+                c.lru[0].copy_(lru)
+                c.device_kv[0].copy_(pool)
+                topk.copy_(torch.from_numpy(sels[i].astype(np.int32)))
+                if resolve:
+                    c.resolve_selection(req, seq, topk, 0)
+
+            def verdict(out: Optional[torch.Tensor] = None) -> Check:
+                i = current[0]
+                got = c.last_counts["misses"].cpu().tolist()
+                mismatch = "" if got == misses[i] else \
+                    f"misses per request {got}, recorded {misses[i]}"
+                if err:
+                    mismatch = mismatch or f"free run: {err:.3g} of the rows wrong"
+                if out is None:       # the slot table alone: the free run's
+                    wrong = float((c.out[0, :B] != outs[i]).any(dim=1).float().mean())
+                else:
+                    wrong = row_error(c, reqs, sels[i], out, mirror)
+                return exact(wrong, mismatch)
+
+            cols = case_columns(sz, "context" if alloc == "pinned" else f"context+{alloc}", B, S,
+                                np.mean([sum(misses[i]) for i in timed]),
+                                step_overlap=sz.overlap_c, copy_engine="uva_kernel",
+                                host_bytes=c.host_bytes())
+            run.measure(lambda: c.resolve_selection(req, seq, topk, 0), setup=restore,
+                        check=lambda _: verdict(), kernel="resolve_selection",
+                        **{**cols, "tokens_loaded": None, "bytes_h2d": None})
+            for variant in sz.context_variants:
+                c.engine = gather_engine(variant, sms)
+                launch = dict(variant=variant, launch_config=json.dumps(c.engine.launch_config()))
+                run.measure(lambda: c.copy_planned_misses(0),
+                            setup=lambda: restore(resolve=True),
+                            check=lambda _: verdict(c.out[0, :B]), kernel="copy_planned_misses",
+                            **{**cols, "hits": None}, **launch)
+                run.measure(lambda: c.swap_in_selected_pages(req, seq, topk, 0), setup=restore,
+                            check=verdict, kernel="swap_in_selected_pages", **cols, **launch)
+            del c, states, restore, verdict, mirror
+            if thp is not None:
+                thp.close()
+            if run.cuda:
+                torch.cuda.empty_cache()
+    print(context_summary(run.rows), flush=True)
+
+
+def context_summary(rows: Sequence[Dict]) -> str:
+    """Per (case, copy variant, context) of the context rows: misses per step, resolve / copy /
+    total median microseconds, the total's growth over the shortest context's, copy GB/s."""
+    df = pd.DataFrame([r for r in rows if str(r.get("case", "")).startswith("context")
+                       and r.get("kernel") in ("resolve_selection", "copy_planned_misses",
+                                               "swap_in_selected_pages")])
+    if df.empty:
+        return "(no context rows)"
+
+    def median_us(h: pd.DataFrame) -> float:
+        return float(h["latency_us_median"].iloc[0]) if len(h) and h["status"].iloc[0] == "ok" \
+            else NAN
+    out = []
+    resolve = df[df["kernel"] == "resolve_selection"]
+    copies = df[df["kernel"] != "resolve_selection"]
+    for (case, variant), g in copies.groupby(["case", "variant"]):
+        base = None
+        for S, h in g.groupby("context_len", sort=True):
+            copy = h[h["kernel"] == "copy_planned_misses"]
+            total = median_us(h[h["kernel"] == "swap_in_selected_pages"])
+            base = total if base is None else base
+            out.append({"case": case, "variant": variant, "ctx": S,
+                        "misses": int(h["misses"].iloc[0]),
+                        "host_gib": float(h["host_bytes"].iloc[0]) / 2**30,
+                        "resolve": median_us(resolve[(resolve["case"] == case)
+                                                     & (resolve["context_len"] == S)]),
+                        "copy": median_us(copy), "total": total,
+                        "growth": total / base - 1 if base else NAN,
+                        "gbps": float(copy["h2d_gbps"].iloc[0]) if len(copy) else NAN})
+    return "== swap-in at equal misses vs context (median us) ==\n" + format_table(out, [
+        ("case", "case", "s"), ("variant", "variant", "s"), ("ctx", "ctx", "d"),
+        ("misses", "misses", "d"), ("host_GiB", "host_gib", ".2f"),
+        ("resolve_us", "resolve", ".1f"), ("copy_us", "copy", ".1f"), ("total_us", "total", ".1f"),
+        ("growth", "growth", "%"), ("copy_GB/s", "gbps", ".1f")])
+
+
+def summary(out_dir: str) -> None:
+    """Prints the gather and context summaries of a stored ``swap_in`` run (``--out`` DIR)."""
+    rows = results.load(out_dir).to_dict("records")
+    print(gather_summary(rows))
+    print(context_summary(rows))
+
+
+def _sections(text: str) -> Tuple[str, ...]:
+    names = tuple(x for x in text.split(",") if x)
+    bad = [x for x in names if x not in SECTIONS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"--section takes a comma list of {', '.join(SECTIONS)};"
+                                         f" got {text!r}")
+    return names
+
+
+def _allocs(text: str) -> Tuple[str, ...]:
+    names = tuple(x for x in text.split(",") if x)
+    if not names or any(x not in HOST_ALLOCS for x in names):
+        raise argparse.ArgumentTypeError(f"--host-alloc takes a comma list of "
+                                         f"{', '.join(HOST_ALLOCS)}; got {text!r}")
+    return names
+
+
+def options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--section", type=_sections, default=SECTIONS,
+                        help=f"comma list of sections to run (default all: {','.join(SECTIONS)})")
+    parser.add_argument("--host-alloc", type=_allocs, default=HOST_ALLOCS,
+                        help="host pools of the gather and context sections: pinned "
+                        "(cudaHostAlloc, as the coordinator) and/or thp (huge-page mapping, "
+                        "cudaHostRegister; CUDA only). Default: pinned,thp")
+
+
 @register("swap_in", "HiSparse swap-in (resolve + copy engines): all misses, all hits, "
-          "steady state; copies alone vs contiguous rows")
+          "steady state; copies alone vs contiguous rows; zero-copy gather vs pool size; "
+          "swap-in vs context", options=options)
 def swap_in(run: BenchRun) -> None:
     sz = QUICK if run.quick else FULL
-    for case in (all_misses, all_hits, steady_state):
-        case(run, sz)
+    run_section = {"all_misses": all_misses, "all_hits": all_hits, "steady_state": steady_state,
+                   "gather": gather, "context": context}
+    for name in run.args.section:
+        run_section[name](run, sz)
         if run.cuda:
             torch.cuda.empty_cache()
 
