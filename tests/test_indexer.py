@@ -217,6 +217,15 @@ LAUNCH_VARIANTS = {
     "prefetch_scattered": IndexerLaunch(prefetch=True, tile_in_page=False,
                                         tokens_per_program=512),
     "prefetch_pps1": IndexerLaunch(programs_per_sm=1, prefetch=True),
+    "stages3_tok256": IndexerLaunch(num_stages=3, tokens_per_program=256),
+    # two whole pages per tile: one block-table read per page
+    "n128_w8_pages2": IndexerLaunch(block_n=128, num_warps=8, tokens_per_program=256),
+    # keys by bulk tensor copies: a box inside one page (64 and 32 of 64 tokens), two pages
+    "tma_tok256": IndexerLaunch(tma=True, tokens_per_program=256),
+    "tma_prefetch_n32_tok128": IndexerLaunch(tma=True, prefetch=True, block_n=32,
+                                             tokens_per_program=128),
+    "tma_prefetch_n128_w8": IndexerLaunch(tma=True, prefetch=True, block_n=128, num_warps=8,
+                                          tokens_per_program=256),
 }
 
 
@@ -236,9 +245,24 @@ def test_paged_launch_variants_match_reference(name, fmt, device):
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "bf16"])
-def test_ragged_prefetch_matches_reference(fmt, device):
+def test_paged_tma_four_pages_per_tile(fmt, device):
+    """TMA over 16-token pages with 64-token tiles: four page boxes stacked per tile, rows
+    ending mid-page, an empty row, a program wholly past its row."""
+    lens = [150, 0, 37, 64]
+    k_cache, bt, q, w, seq = make_paged(fmt, 4, 16, 32, 16, lens, device, seed=23)
+    launch = IndexerLaunch(tma=True, tokens_per_program=128)
+    assert launch.pages_per_tile(16) == 4
+    out = indexer_logits_paged(q, w, k_cache, bt, seq, max_len=200, launch=launch)
+    ref = indexer_logits_paged_ref(q.cpu(), w.cpu(), k_cache.cpu(), bt.cpu(), seq.cpu(),
+                                   max_len=200)
+    assert_logits_close(out.cpu(), ref)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "bf16"])
+@pytest.mark.parametrize("tma", [False, True])
+def test_ragged_prefetch_matches_reference(fmt, tma, device):
     q, w, k, ks, ke, sc = _ragged_problem(fmt, device, seed=13)
-    launch = IndexerLaunch(block_n=16, tokens_per_program=64, prefetch=True)
+    launch = IndexerLaunch(block_n=16, tokens_per_program=64, prefetch=True, tma=tma)
     out = indexer_logits_ragged(q, w, k, ks, ke, k_scales=sc, launch=launch)
     ref = indexer_logits_ragged_ref(q.cpu(), w.cpu(), k.cpu(), ks.cpu(), ke.cpu(),
                                     None if sc is None else sc.cpu())
@@ -256,3 +280,21 @@ def test_launch_validation_errors():
         IndexerLaunch(tokens_per_program=100)
     with pytest.raises(ValueError, match="IndexerLaunch.programs_per_sm"):
         IndexerLaunch(programs_per_sm=0)
+    with pytest.raises(ValueError, match="IndexerLaunch.tma must be True or False"):
+        IndexerLaunch(tma=1)
+
+
+def test_tma_unsupported_layouts_rejected(device):
+    """TMA needs whole-tile page addressing and 16-byte aligned key rows."""
+    k_cache, bt, q, w, seq = make_paged("fp8", 2, 16, 32, 1, [20, 30], device, seed=9)
+    with pytest.raises(ValueError, match="IndexerLaunch.tma needs tile_in_page=True"):
+        indexer_logits_paged(q, w, k_cache, bt, seq, launch=IndexerLaunch(tma=True))
+    k_cache, bt, q, w, seq = make_paged("fp8", 2, 16, 32, 64, [20, 30], device, seed=9)
+    with pytest.raises(ValueError, match="IndexerLaunch.tma needs tile_in_page=True"):
+        indexer_logits_paged(q, w, k_cache, bt, seq,
+                             launch=IndexerLaunch(tma=True, tile_in_page=False))
+    q, w, k, ks, ke, sc = _ragged_problem("bf16", device, seed=10)
+    padded = torch.zeros(k.shape[0], 36, dtype=k.dtype, device=device)
+    padded[:, :32] = k  # rows of 72 bytes
+    with pytest.raises(ValueError, match="IndexerLaunch.tma needs a 16-byte aligned"):
+        indexer_logits_ragged(q, w, padded[:, :32], ks, ke, launch=IndexerLaunch(tma=True))

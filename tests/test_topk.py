@@ -2,9 +2,10 @@
 import pytest
 import torch
 
-from backends.kernels.topk import (TopkLaunch, candidate_capacity, plan_build_count, plan_topk,
+from backends.kernels.topk import (METHOD_PAGED, RADIX_BINS, RADIX_LIST, TopkLaunch,
+                                   candidate_capacity, launch_topk, plan_build_count, plan_topk,
                                    topk_per_row, validate_topk_inputs)
-from harness.indexer_ref import topk_ref
+from harness.indexer_ref import paged_transform_ref, topk_ref
 
 
 def assert_valid_topk(pos, logits, lengths, k):
@@ -187,10 +188,16 @@ def test_gpu_dsv32_size(ctx):
 
 #: the top-k launch variants that change the threshold path (the bench times them)
 THRESHOLD_VARIANTS = {
-    "fused": TopkLaunch(fuse_threshold=True),
-    "window": TopkLaunch(threshold_window=True),
-    "fused_window": TopkLaunch(fuse_threshold=True, threshold_window=True),
+    "exact_threshold": TopkLaunch(threshold_window=False),
+    "fused": TopkLaunch(fuse_threshold=True, threshold_window=False),
+    "window": TopkLaunch(),
+    "fused_window": TopkLaunch(fuse_threshold=True),
 }
+RADIX = TopkLaunch(algorithm="radix")
+
+
+def test_threshold_window_is_the_default():
+    assert TopkLaunch().threshold_window and TopkLaunch().algorithm == "sample"
 
 
 @pytest.mark.parametrize("name", sorted(THRESHOLD_VARIANTS))
@@ -244,3 +251,142 @@ def test_launch_validation():
         TopkLaunch(select_warps=6)
     with pytest.raises(ValueError, match="TopkLaunch.scan_stages"):
         TopkLaunch(scan_stages=0)
+    with pytest.raises(ValueError, match="TopkLaunch.algorithm must be one of sample, radix"):
+        TopkLaunch(algorithm="bitonic")
+    with pytest.raises(ValueError, match="TopkLaunch.fuse_threshold"):
+        TopkLaunch(algorithm="radix", fuse_threshold=True)
+
+
+def _keys_ref(x):
+    """Independent order-preserving key of float32 values (int64 holding the uint32)."""
+    x = torch.where(x == 0, torch.zeros_like(x), x)  # -0.0 -> +0.0
+    b = x.view(torch.int32).long() & 0xFFFFFFFF
+    return torch.where(b >= 2 ** 31, 0xFFFFFFFF - b, b + 2 ** 31)
+
+
+def _radix_rows(seed):
+    """Mixed lengths over several chunks (chunk 128, k 16, cap 64) and adversarial rows."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([0, 5, 16, 64, 65, 300, 777, 1000, 1000, 1000, 1000, 900, 1000, 999],
+                           dtype=torch.int32)
+    B, N = lengths.shape[0], 1000
+    x = torch.randn(B, N, generator=g) * torch.rand(B, 1, generator=g) * 30
+    x[7] = torch.randint(-3, 4, (N,), generator=g).float()  # heavy ties (> RADIX_LIST at T)
+    x[8] = 1.5  # all equal
+    x[9, ::3] = float("-inf")
+    x[10] = torch.tensor([-0.0, 0.0, -1.0])[torch.randint(0, 3, (N,), generator=g)]
+    x[11] = (x[11] * 4).round() / 4  # moderate ties: T's bin fits the list
+    x[12, :] = float("-inf")
+    x[12, 500:520] = torch.randn(20, generator=g)
+    # garbage past each row's length must be ignored
+    cols = torch.arange(N)
+    x = torch.where(cols[None, :] >= lengths[:, None], 1e30, x)
+    return x, lengths
+
+
+@pytest.mark.parametrize("seed", [21, 22])
+def test_radix_exact(seed, device):
+    """The radix path equals the stable-sort reference (ascending positions, ties to lower
+    positions) on pass-through, direct and chunked rows, heavy ties, all-equal, +-0, -inf;
+    its histogram equals an independent one of the window it stored; random rows take the
+    fast path (their k-th key's bin listed), the all-equal row the exact fallback."""
+    k = 16
+    x, lengths = _radix_rows(seed)
+    lengths_d = lengths.to(device)
+    plan = plan_topk(lengths_d, k, chunk_size=128)
+    pos = topk_per_row(x.to(device), lengths_d, k, plan=plan, launch=RADIX)
+    assert torch.equal(pos.cpu(), topk_ref(x, lengths, k))
+    assert_valid_topk(pos.cpu(), x, lengths, k)
+    win, hist = plan.radix_window.cpu(), plan.radix_hist.cpu()
+    listed = plan.radix_list_count.cpu()
+    for b in range(x.shape[0]):
+        n = int(lengths[b])
+        if n <= plan.cap:
+            continue
+        t_lo, shift = int(win[b, 0]) & 0xFFFFFFFF, int(win[b, 1])
+        key = _keys_ref(x[b, :n])
+        kept = key[key >= t_lo]
+        ref = torch.bincount(((kept - t_lo) >> shift).clamp_max(RADIX_BINS - 1),
+                             minlength=RADIX_BINS)
+        assert torch.equal(hist[b].long(), ref), f"row {b}: histogram"
+    for b in (5, 6, 11, 13):  # random / moderately tied rows: the fast path
+        assert 1 <= int(listed[b]) <= RADIX_LIST, f"row {b}"
+    assert int(listed[8]) == 0  # all equal: k-th key's bin too full, exact fallback
+
+
+def test_radix_scratch_is_reset_per_call(device):
+    """The same plan over fresh rows twice: the histogram and list restart from zero."""
+    k = 16
+    lengths = torch.tensor([1000, 700, 129], dtype=torch.int32, device=device)
+    plan = plan_topk(lengths, k, chunk_size=128)
+    for seed in (31, 32):
+        x = _rows(3, 1000, seed, device)
+        pos = topk_per_row(x, lengths, k, plan=plan, launch=RADIX)
+        assert torch.equal(pos.cpu(), topk_ref(x.cpu(), lengths.cpu(), k))
+        assert int(plan.radix_hist[0].sum()) <= 1000
+
+
+def test_radix_k1_and_k_at_least_length(device):
+    lengths = torch.tensor([300, 257, 1], dtype=torch.int32, device=device)
+    x = _rows(3, 300, 41, device)
+    x[0, 17] = x[0, 200] = x[0].max() + 1  # a tie at the top: the lower position wins
+    pos = topk_per_row(x, lengths, 1, plan=plan_topk(lengths, 1, chunk_size=64), launch=RADIX)
+    assert torch.equal(pos.cpu(), topk_ref(x.cpu(), lengths.cpu(), 1))
+    assert int(pos[0, 0]) == 17
+    pos = topk_per_row(x, lengths, 300, launch=RADIX)  # k >= every length: pass-through
+    assert torch.equal(pos.cpu(), topk_ref(x.cpu(), lengths.cpu(), 300))
+
+
+def test_radix_paged_epilogue(device):
+    """The PAGED transform fused into the radix output kernel equals the reference transform
+    of the reference positions."""
+    k, P = 16, 16
+    g = torch.Generator().manual_seed(51)
+    lengths = torch.tensor([1000, 640, 90], dtype=torch.int32)
+    x = torch.randn(3, 1000, generator=g)
+    bt = torch.randperm(3 * 63, generator=g).to(torch.int32).view(3, 63)
+    lengths_d = lengths.to(device)
+    plan = plan_topk(lengths_d, k, chunk_size=256)
+    out = torch.empty(3, k, dtype=torch.int32, device=device)
+    launch_topk(x.to(device), lengths_d, k, plan, out, method=METHOD_PAGED,
+                block_table=bt.to(device), page_size=P, launch=RADIX)
+    assert torch.equal(out.cpu(), paged_transform_ref(topk_ref(x, lengths, k), bt, P))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ctx", [32768, 131072])
+def test_gpu_radix_dsv32_size(ctx):
+    """k = 2048 at the bench's sizes: random rows, ragged lengths, quantized (tied) scores."""
+    k = 2048
+    g = torch.Generator().manual_seed(ctx + 1)
+    B = 16
+    lengths = torch.randint(1, ctx + 1, (B,), generator=g).to(torch.int32)
+    lengths[0], lengths[1], lengths[2] = ctx, k, k + 1
+    logits = torch.randn(B, ctx, generator=g).cuda()
+    lengths = lengths.cuda()
+    plan = plan_topk(lengths, k)
+    for x in (logits, (logits * 64).round(), (logits * 4).round()):
+        pos = topk_per_row(x, lengths, k, plan=plan, launch=RADIX)
+        assert torch.equal(pos.cpu(), topk_ref(x.cpu(), lengths.cpu(), k))
+    # one graph replay equals the eager call on fresh data in the same buffer
+    out = torch.empty(B, k, dtype=torch.int32, device="cuda")
+    topk_per_row(logits, lengths, k, plan=plan, out=out, launch=RADIX)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        topk_per_row(logits, lengths, k, plan=plan, out=out, launch=RADIX)
+    logits.copy_(torch.randn(B, ctx, generator=g).cuda())
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out.cpu(), topk_ref(logits.cpu(), lengths.cpu(), k))
+
+
+def test_radix_rows_shorter_than_planned(device):
+    """Lengths lowered in place after planning (the chunks still say long): pass-through and
+    exact results, -1 padded, as the reference."""
+    k = 16
+    lengths = torch.tensor([1000, 1000, 700], dtype=torch.int32, device=device)
+    plan = plan_topk(lengths, k, chunk_size=128)
+    lengths.copy_(torch.tensor([10, 40, 0], dtype=torch.int32))
+    x = _rows(3, 1000, 61, device)
+    pos = topk_per_row(x, lengths, k, plan=plan, launch=RADIX)
+    assert torch.equal(pos.cpu(), topk_ref(x.cpu(), lengths.cpu(), k))

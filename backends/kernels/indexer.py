@@ -14,6 +14,10 @@ Columns past a row's length are ``-inf``.
 Kernel: one program = one query row x a run of tokens; per tile of ``BLOCK_N`` tokens it loads
 the keys ``[BLOCK_N, D]``, computes ``S = K @ Q^T`` (``[BLOCK_N, H]``, tensor cores, float32
 accumulation), applies ReLU, the head weights and the per-token scale, and sums over heads.
+Keys come by per-thread pointer loads (Triton's pipeliner turns them into async copies) or,
+``IndexerLaunch(tma=True)``, by bulk tensor copies through a host ``TensorDescriptor`` (no
+allocator needed); a paged tile is one block-table read when it lies in one page, one per page
+when it is 2 or 4 whole pages, else one per token.
 
 fp8 handling: the key bytes are read through a float8_e4m3fn view (Triton float8e4nv) and
 converted to float16 in registers (exact: every e4m3 value is a float16), so the kernel reads
@@ -33,6 +37,7 @@ from typing import Optional, Tuple
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 _SCALE_BYTES = 4
 
@@ -69,14 +74,53 @@ def _pow2_to_f16(x, axis: tl.constexpr):
 
 
 @triton.jit
-def _tile_pages(bt_row, t0, t, length, PAGE: tl.constexpr, TILE_IN_PAGE: tl.constexpr):
-    """int64 physical page of a tile's tokens ``t = t0 + arange(BLOCK_N)``: a scalar (the tile
-    lies in one page) or one per token; 0 for tokens at or past ``length`` (never read)."""
-    if TILE_IN_PAGE:
+def _tile_pages(bt_row, t0, t, length, PAGE: tl.constexpr, PAGES_PER_TILE: tl.constexpr):
+    """int64 physical page of a tile's tokens ``t = t0 + arange(BLOCK_N)``; 0 for tokens at or
+    past ``length`` (never read). PAGES_PER_TILE 1: a scalar (the tile lies in one page, one
+    block-table read); n >= 2: one per token from n scalar reads (the tile is n whole pages);
+    0: one block-table read per token."""
+    if PAGES_PER_TILE == 1:
         page = tl.load(bt_row + t0 // PAGE, mask=t0 < length, other=0).to(tl.int64)
+    elif PAGES_PER_TILE > 1:
+        page = tl.zeros(t.shape, tl.int64)
+        for j in tl.static_range(PAGES_PER_TILE):
+            pj = tl.load(bt_row + t0 // PAGE + j, mask=t0 + j * PAGE < length, other=0)
+            page = tl.where((t - t0) // PAGE == j, pj.to(tl.int64), page)
     else:
         page = tl.load(bt_row + t // PAGE, mask=t < length, other=0).to(tl.int64)
     return page
+
+
+@triton.jit
+def _tma_page(k_desc, bt_row, t0, j, length, PAGE: tl.constexpr, D: tl.constexpr):
+    """Keys ``[PAGE, D]`` of logical page ``t0 // PAGE + j`` (page 0 when it starts at or past
+    ``length``: read, never used) through the ``[1, PAGE, D]`` box of ``k_desc``."""
+    page = tl.load(bt_row + t0 // PAGE + j, mask=t0 + j * PAGE < length, other=0)
+    return k_desc.load([page, 0, 0]).reshape(PAGE, D)
+
+
+@triton.jit
+def _tma_tile(k_desc, bt_row, t0, length, PAGE: tl.constexpr, PAGES_PER_TILE: tl.constexpr,
+              BLOCK_N: tl.constexpr, D: tl.constexpr):
+    """Keys ``[BLOCK_N, D]`` of the paged tile at token ``t0`` by bulk tensor copies: one
+    ``[1, BLOCK_N, D]`` box at ``(page, t0 % PAGE, 0)`` (PAGES_PER_TILE 1), else one
+    ``[1, PAGE, D]`` box per page (2 or 4), stacked in token order."""
+    if PAGES_PER_TILE == 1:
+        page = tl.load(bt_row + t0 // PAGE, mask=t0 < length, other=0)
+        k = k_desc.load([page, t0 % PAGE, 0]).reshape(BLOCK_N, D)
+    elif PAGES_PER_TILE == 2:
+        k01 = tl.join(_tma_page(k_desc, bt_row, t0, 0, length, PAGE, D),
+                      _tma_page(k_desc, bt_row, t0, 1, length, PAGE, D))  # [PAGE, D, 2]
+        k = tl.permute(k01, (2, 0, 1)).reshape(BLOCK_N, D)
+    else:
+        tl.static_assert(PAGES_PER_TILE == 4, "TMA tiles are 1, 2 or 4 pages")
+        k01 = tl.join(_tma_page(k_desc, bt_row, t0, 0, length, PAGE, D),
+                      _tma_page(k_desc, bt_row, t0, 1, length, PAGE, D))
+        k23 = tl.join(_tma_page(k_desc, bt_row, t0, 2, length, PAGE, D),
+                      _tma_page(k_desc, bt_row, t0, 3, length, PAGE, D))
+        # [PAGE, D, j, i] holds page 2 i + j
+        k = tl.permute(tl.join(k01, k23), (3, 2, 0, 1)).reshape(BLOCK_N, D)
+    return k
 
 
 @triton.jit
@@ -92,19 +136,25 @@ def _tile_scales(s_ptr, page, t, start, length, stride_spage, PAGE: tl.constexpr
 
 @triton.jit
 def _indexer_logits_kernel(
-        q_ptr, w_ptr, k_ptr, s_ptr, bt_ptr, start_ptr, len_ptr, out_ptr,
+        q_ptr, w_ptr, k_ptr, k_desc, s_ptr, bt_ptr, start_ptr, len_ptr, out_ptr,
         stride_qm, stride_qh, stride_wm, stride_bt, stride_kpage, stride_spage, stride_kn,
         stride_om, max_len, tiles_per_prog,
         H: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-        KV_FP8: tl.constexpr, PAGED: tl.constexpr, TILE_IN_PAGE: tl.constexpr,
-        PREFETCH: tl.constexpr):
+        KV_FP8: tl.constexpr, PAGED: tl.constexpr, PAGES_PER_TILE: tl.constexpr,
+        PREFETCH: tl.constexpr, TMA: tl.constexpr):
     """Logits of one query row for ``tiles_per_prog`` tiles of ``BLOCK_N`` tokens.
 
     PAGED: key of token t at page ``bt[row, t // PAGE]``, in-page slot ``t % PAGE``; fp8 values at
     byte ``page * stride_kpage + slot * D``, scale at float ``page * stride_spage + PAGE*D/4 + slot``;
     bf16 at element ``page * stride_kpage + slot * D``. Ragged: key row ``start[row] + t`` at
     ``(start + t) * stride_kn``, scale at ``start + t``. Row length: ``len[row]`` (paged) or
-    ``len[row] - start[row]`` (ragged: ``len_ptr`` holds ``ke``).
+    ``len[row] - start[row]`` (ragged: ``len_ptr`` holds ``ke``). PAGES_PER_TILE: see
+    ``_tile_pages``.
+
+    TMA: the keys come through the host tensor descriptor ``k_desc`` (a bulk tensor copy of
+    the tile instead of per-thread loads; ``k_ptr`` unused): paged, ``_tma_tile`` over the
+    ``[pages, PAGE, D]`` key view (PAGES_PER_TILE 1, 2 or 4); ragged, a ``[BLOCK_N, D]`` box
+    at row ``start + t0`` of ``[N, D]`` (rows past N read as zero). Rows past the length are read too; their logits are replaced by -inf.
 
     PREFETCH (fp8 keys; no effect on bf16): the fp8 scales are read one tile ahead (their
     block-table entries, read separately, two tiles ahead) and carried in registers, so their
@@ -140,35 +190,42 @@ def _indexer_logits_kernel(
             page0 = 0
             page_s = 0
             if PAGED:
-                page0 = _tile_pages(bt_row, t_begin, t_begin + offs_n, length, PAGE, TILE_IN_PAGE)
+                page0 = _tile_pages(bt_row, t_begin, t_begin + offs_n, length, PAGE, PAGES_PER_TILE)
                 page_s = _tile_pages(bt_row, t_begin + BLOCK_N, t_begin + BLOCK_N + offs_n,
-                                     length, PAGE, TILE_IN_PAGE)
+                                     length, PAGE, PAGES_PER_TILE)
             scale_nxt = _tile_scales(s_ptr, page0, t_begin + offs_n, start, length,
                                      stride_spage, PAGE, D, PAGED)
         for i in range(0, n_valid_tiles):
             t0 = t_begin + i * BLOCK_N
             t = t0 + offs_n
             valid = t < length
-            if PAGED:
-                page = _tile_pages(bt_row, t0, t, length, PAGE, TILE_IN_PAGE)
-                if TILE_IN_PAGE:
-                    # the whole tile lies in one page: one block-table read, contiguous keys
-                    k_off = page * stride_kpage + (t0 % PAGE + offs_n) * D
-                else:
-                    k_off = page * stride_kpage + (t % PAGE) * D
-            else:
-                page = 0
-                k_off = (start + t).to(tl.int64) * stride_kn
+            page = 0
+            if PAGED and (not TMA or (KV_FP8 and not PREFETCH)):  # key or scale addresses
+                page = _tile_pages(bt_row, t0, t, length, PAGE, PAGES_PER_TILE)
             if PREFETCH and KV_FP8:
                 scale = scale_nxt
                 scale_nxt = _tile_scales(s_ptr, page_s, t + BLOCK_N, start, length,
                                          stride_spage, PAGE, D, PAGED)
                 if PAGED:
                     page_s = _tile_pages(bt_row, t0 + 2 * BLOCK_N, t + 2 * BLOCK_N, length,
-                                         PAGE, TILE_IN_PAGE)
-            # rows past the length are left unfilled: each output row depends only on its own
-            # key row, and those rows are replaced by -inf below
-            k = tl.load(k_ptr + k_off[:, None] + offs_d[None, :], mask=valid[:, None])
+                                         PAGE, PAGES_PER_TILE)
+            # rows past the length are left unfilled (or read anyway, TMA): each output row
+            # depends only on its own key row, and those rows are replaced by -inf below
+            if TMA:
+                if PAGED:
+                    k = _tma_tile(k_desc, bt_row, t0, length, PAGE, PAGES_PER_TILE, BLOCK_N, D)
+                else:
+                    k = k_desc.load([start + t0, 0])
+            else:
+                if PAGED:
+                    if PAGES_PER_TILE == 1:
+                        # the whole tile lies in one page: one block-table read, contiguous keys
+                        k_off = page * stride_kpage + (t0 % PAGE + offs_n) * D
+                    else:
+                        k_off = page * stride_kpage + (t % PAGE) * D
+                else:
+                    k_off = (start + t).to(tl.int64) * stride_kn
+                k = tl.load(k_ptr + k_off[:, None] + offs_d[None, :], mask=valid[:, None])
             if KV_FP8:
                 k = k.to(tl.float16)  # float8e4nv -> float16, exact
             else:
@@ -337,15 +394,23 @@ def _alloc_out(out: Optional[torch.Tensor], rows: int, max_len: int,
     return out
 
 
+#: most block-table reads of one tile in the whole-pages addressing (``_tile_pages``)
+_MAX_PAGES_PER_TILE = 4
+
 
 @dataclass(frozen=True)
 class IndexerLaunch:
     """Launch configuration of the indexer kernel; the defaults were measured on an H200
-    (``python -m harness.bench indexer --tune`` times others).
+    (``python -m harness.bench run indexer --variants`` times ``INDEXER_VARIANTS``; B=64, fp8
+    keys, page 64: num_stages 5 gave 45 / 56 / 64 % of the copy ceiling at 8K / 32K / 128K
+    where 3 gave 41 / 49 / 54 %).
 
     block_n: tokens per tile (the MMA's M dimension); num_warps, num_stages: Triton's;
-    max_tokens_per_program: most tokens one program scores; tile_in_page: the
-    one-page-per-tile addressing when ``page_size % block_n == 0``; maxnreg: register cap per
+    max_tokens_per_program: most tokens one program scores; tile_in_page: page addressing by
+    whole tiles: one block-table read per tile when ``page_size % block_n == 0``, one per page
+    when the tile is 2 to 4 whole pages (``block_n % page_size == 0``); otherwise (or False) one
+    per token; tma: keys through a host tensor descriptor (bulk tensor copies; paged caches
+    need the whole-tile addressing; key rows 16-byte aligned); maxnreg: register cap per
     thread (None: the compiler's choice); prefetch: read the block table two tiles and the fp8
     scales one tile ahead (the kernel's ``PREFETCH``); programs_per_sm: programs launched per
     SM when the rows have enough tiles (fewer, longer programs as it drops);
@@ -355,13 +420,14 @@ class IndexerLaunch:
 
     block_n: int = 64
     num_warps: int = 4
-    num_stages: int = 3
+    num_stages: int = 5
     max_tokens_per_program: int = 2048
     tile_in_page: bool = True
     maxnreg: Optional[int] = None
     prefetch: bool = False
     programs_per_sm: int = 4
     tokens_per_program: Optional[int] = None
+    tma: bool = False
 
     def __post_init__(self):
         for name in ("block_n", "max_tokens_per_program", "tokens_per_program"):
@@ -377,11 +443,35 @@ class IndexerLaunch:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"IndexerLaunch.{name} must be an int >= 1, got {v!r}")
+        for name in ("tile_in_page", "prefetch", "tma"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"IndexerLaunch.{name} must be True or False, "
+                                 f"got {getattr(self, name)!r}")
+
+    def pages_per_tile(self, page_size: int) -> int:
+        """The kernel's ``PAGES_PER_TILE`` for ``page_size``-token pages (``_tile_pages``)."""
+        if not self.tile_in_page:
+            return 0
+        if page_size % self.block_n == 0:
+            return 1
+        n = self.block_n // page_size
+        return n if 2 <= n <= _MAX_PAGES_PER_TILE else 0
 
     def options(self) -> dict:
         """Triton launch options."""
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
         return opts if self.maxnreg is None else {**opts, "maxnreg": self.maxnreg}
+
+
+def _key_descriptor(keys: torch.Tensor, shape, strides, block_shape) -> TensorDescriptor:
+    """Host tensor descriptor of ``keys`` viewed as ``shape`` / ``strides`` (elements), after
+    the alignment TMA needs (else ValueError naming ``IndexerLaunch.tma``)."""
+    nbytes = keys.element_size()
+    if keys.data_ptr() % 16 or any((st * nbytes) % 16 for st in strides[:-1]):
+        raise ValueError(f"IndexerLaunch.tma needs a 16-byte aligned key buffer and row strides "
+                         f"of 16-byte multiples; got strides {list(strides)} x {nbytes} B")
+    return TensorDescriptor(base=keys, shape=list(shape), strides=list(strides),
+                            block_shape=list(block_shape))
 
 
 def indexer_logits_paged(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor,
@@ -433,13 +523,22 @@ def indexer_logits_paged(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.
     else:
         k_vals, k_scl = k_cache, weights  # scale pointer unused
         stride_kpage, stride_spage = k_cache.stride(0), 0
+    pages_per_tile = launch.pages_per_tile(P)
+    k_desc = None
+    if launch.tma:
+        if pages_per_tile == 0:
+            raise ValueError(f"IndexerLaunch.tma needs tile_in_page=True and page_size % block_n "
+                             f"== 0 or block_n = 2 or 4 pages; got page_size={P}, "
+                             f"block_n={launch.block_n}, tile_in_page={launch.tile_in_page}")
+        k_desc = _key_descriptor(k_vals, (k_cache.shape[0], P, D), (stride_kpage, D, 1),
+                                 (1, min(launch.block_n, P), D))
     per_prog, n_split = _launch_shape(B, max_len, launch, dev)
     _indexer_logits_kernel[(B, n_split)](
-        q, weights, k_vals, k_scl, block_table, seq_lens, seq_lens, out,
+        q, weights, k_vals, k_desc, k_scl, block_table, seq_lens, seq_lens, out,
         q.stride(0), q.stride(1), weights.stride(0), block_table.stride(0),
         stride_kpage, stride_spage, D, out.stride(0), max_len, per_prog,
         H=H, D=D, PAGE=P, BLOCK_N=launch.block_n, KV_FP8=is_fp8, PAGED=True,
-        TILE_IN_PAGE=launch.tile_in_page and P % launch.block_n == 0, PREFETCH=launch.prefetch,
+        PAGES_PER_TILE=pages_per_tile, PREFETCH=launch.prefetch, TMA=launch.tma,
         **launch.options())
     return out
 
@@ -493,13 +592,16 @@ def indexer_logits_ragged(q: torch.Tensor, weights: torch.Tensor, k: torch.Tenso
     out = _alloc_out(out, M, max_len, dev)
     if M == 0 or max_len == 0:
         return out
+    k_desc = None
+    if launch.tma:
+        k_desc = _key_descriptor(k, k.shape, k.stride(), (launch.block_n, D))
     per_prog, n_split = _launch_shape(M, max_len, launch, dev)
     _indexer_logits_kernel[(M, n_split)](
-        q, weights, k, k_scales if is_fp8 else weights, ks, ks, ke, out,
+        q, weights, k, k_desc, k_scales if is_fp8 else weights, ks, ks, ke, out,
         q.stride(0), q.stride(1), weights.stride(0), 0, 0, 0, k.stride(0), out.stride(0),
         max_len, per_prog,
-        H=H, D=D, PAGE=1, BLOCK_N=launch.block_n, KV_FP8=is_fp8, PAGED=False, TILE_IN_PAGE=False,
-        PREFETCH=launch.prefetch, **launch.options())
+        H=H, D=D, PAGE=1, BLOCK_N=launch.block_n, KV_FP8=is_fp8, PAGED=False,
+        PAGES_PER_TILE=0, PREFETCH=launch.prefetch, TMA=launch.tma, **launch.options())
     return out
 
 

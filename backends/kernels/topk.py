@@ -23,9 +23,30 @@ k = 2048):
   PAGED or RAGGED index transform (``topk_transform.py``) before the store.
 
 Threshold variants (``TopkLaunch``; results unchanged, the select stays exact):
-``fuse_threshold`` computes the sample threshold inside every scan program of the row (no
-threshold kernel); ``threshold_window`` stops the sample search at the first probe whose
-count lies within 3/4 .. 3/2 of the target rank instead of resolving it bit by bit.
+``threshold_window`` (the default) stops the sample search at the first probe whose count lies
+within 3/4 .. 3/2 of the target rank instead of resolving it bit by bit (``False``: the exact
+sample quantile); ``fuse_threshold`` computes the sample threshold inside every scan program of
+the row (no threshold kernel).
+
+``TopkLaunch(algorithm="radix")``: the rows longer than ``CAP`` go through four kernels with
+fixed grids and no host sync, every chunk of a row in its own program (issue #13):
+
+* *window* (one program per row; short rows get their whole top-k here as above): zero the
+  row's ``RADIX_BINS``-bin histogram and list counter; from the strided sample, keys ``t_lo``
+  and ``t_hi`` about 5 binomial standard deviations of sample rank below and above the k-th
+  largest, and a bin shift ``s`` so that ``bin(key) = min((key - t_lo) >> s, RADIX_BINS - 1)``
+  (keys ``>= t_lo``) puts ``[t_lo, t_hi]`` into the lower half of the bins.
+* *hist* (per chunk): the chunk's bin counts added into the row's histogram (atomics).
+* *collect* (per chunk): from the histogram, the bin ``tb`` of the k-th largest key (counts
+  from the top); the chunk's count of keys in bins above ``tb`` is stored, the positions and
+  keys in bin ``tb`` are appended to the row's list (at most ``RADIX_LIST``; unordered).
+* *output* (per chunk): from the list, the exact k-th key ``T`` and the last position ``p_cut``
+  of the ties at ``T`` that are taken (ties: lower positions win); each chunk rescans and writes
+  its selected positions (bin above ``tb``, or key ``> T``, or key ``== T`` at a position
+  ``<= p_cut``) at their ranks: the selected counts of the earlier chunks come from the stored
+  counts and the list. When the k-th key falls outside the window's bins, or its bin holds more
+  than ``RADIX_LIST`` keys (heavy ties, e.g. all-equal rows), chunk 0 writes the row by the
+  exact whole-row path instead. The result is identical to the sample path's.
 
 The key of a float32 ``v`` is its bit pattern mapped so that unsigned integer order equals float
 order (``-inf < ... < +inf``; ``-0.0`` is first mapped to ``+0.0`` since they compare equal).
@@ -50,6 +71,13 @@ SAMPLE_MAX = 2048
 MIN_CHUNK = 8192
 """Smallest chunk a long row is split into (per scan program)."""
 
+ALGORITHMS = ("sample", "radix")
+"""``TopkLaunch.algorithm`` values."""
+RADIX_BINS = 1024
+"""Bins of the radix path's per-row window histogram (the last one: everything above)."""
+RADIX_LIST = 512
+"""Capacity of the radix path's per-row list of the k-th key's bin (more: exact fallback)."""
+
 METHOD_NONE = 0
 METHOD_PAGED = 1
 METHOD_RAGGED = 2
@@ -61,15 +89,19 @@ _PLAN_BUILDS = 0
 class TopkLaunch:
     """Launch configuration of the top-k kernels.
 
-    radix_bits: bits resolved per step of the k-th-key radix search (1, 2 or 4; 1 measured
-    fastest); scan_block_max: elements per scan-loop iteration (and the select kernel's block
-    cap); select_warps / select_stages, scan_warps / scan_stages: Triton's, per kernel.
-    fuse_threshold: every scan program computes its row's sample threshold itself (the same
-    value for all chunks of a row) instead of a separate threshold kernel (one launch and one
-    kernel boundary fewer). threshold_window: the sample search stops at the first probe with
-    between 3/4 and 3/2 of the target rank of sample elements at or above it (about 3/4 to 3/2
-    of the target candidates) instead of resolving the exact sample quantile bit by bit.
-    Neither changes the result: the select kernel is exact for any threshold.
+    algorithm: ``"sample"`` (sample threshold + scan + one select program per row) or
+    ``"radix"`` (the multi-program window-histogram select, module docstring); both exact and
+    bit-identical. radix_bits: bits resolved per step of the sample path's k-th-key radix
+    search (1, 2 or 4; 1 measured fastest); scan_block_max: elements per loop iteration of the
+    scan / histogram / collect / output kernels (and the select kernel's block cap);
+    select_warps / select_stages, scan_warps / scan_stages: Triton's, per kernel (the radix
+    path's per-row window kernel takes select_warps, its chunk kernels scan_warps / scan_stages).
+    fuse_threshold ("sample" only): every scan program computes its row's sample threshold
+    itself (the same value for all chunks of a row) instead of a separate threshold kernel.
+    threshold_window ("sample" only; default on, measured fastest on the H200): the sample
+    search stops at the first probe with between 3/4 and 3/2 of the target rank of sample
+    elements at or above it instead of resolving the exact sample quantile bit by bit.
+    None of these changes the result.
     """
 
     radix_bits: int = 1
@@ -79,9 +111,16 @@ class TopkLaunch:
     scan_warps: int = 4
     scan_stages: int = 4
     fuse_threshold: bool = False
-    threshold_window: bool = False
+    threshold_window: bool = True
+    algorithm: str = "sample"
 
     def __post_init__(self):
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"TopkLaunch.algorithm must be one of {', '.join(ALGORITHMS)}, "
+                             f"got {self.algorithm!r}")
+        if self.algorithm == "radix" and self.fuse_threshold:
+            raise ValueError("TopkLaunch.fuse_threshold must be False with algorithm='radix' "
+                             "(it has no sample threshold to fuse)")
         if self.radix_bits not in (1, 2, 4):
             raise ValueError(f"TopkLaunch.radix_bits must be 1, 2 or 4, got {self.radix_bits!r}")
         v = self.scan_block_max
@@ -303,24 +342,69 @@ def _topk_scan_kernel(logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, thr_ptr
 
 
 @triton.jit
-def _topk_select_kernel(logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, cand_ptr, cnt_ptr,
-                        max_chunks, chunk_size, out_ptr, stride_o, top_k,
-                        bt_ptr, stride_bt, req_ptr, page_size, off_ptr,
-                        METHOD: tl.constexpr, HAS_REQ: tl.constexpr, CAP: tl.constexpr,
-                        BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr):
+def _passthrough_row(length, top_k, out_row, row, METHOD: tl.constexpr, bt_ptr, stride_bt,
+                     req_ptr, HAS_REQ: tl.constexpr, page_size, off_ptr, BLOCK: tl.constexpr):
+    """A row with ``length <= top_k``: every position, then -1 padding."""
+    for off in range(0, top_k, BLOCK):
+        i = off + tl.arange(0, BLOCK)
+        pos = tl.where(i < length, i, -1)
+        res = _transform_positions(pos, row, METHOD, bt_ptr, stride_bt, req_ptr, HAS_REQ,
+                                   page_size, off_ptr)
+        tl.store(out_row + i, res, mask=i < top_k)
+
+
+@triton.jit
+def _exact_row(base, length, top_k, out_row, row, METHOD: tl.constexpr, bt_ptr, stride_bt,
+               req_ptr, HAS_REQ: tl.constexpr, page_size, off_ptr, BLOCK: tl.constexpr):
+    """Exact top-k of one whole row for any input: the k-th key by 32 counting passes (bit
+    bisection), one pass counting the keys above it, one writing (slow; the fallback)."""
+    T = tl.zeros([], dtype=tl.uint32)
+    bit = tl.full([], 1, tl.uint32) << 31
+    for _ in range(32):
+        cand = T | bit
+        cnt = 0
+        for off in range(0, length, BLOCK):
+            p = off + tl.arange(0, BLOCK)
+            m = p < length
+            key = _order_key(tl.load(base + p, mask=m, other=0.0))
+            cnt += tl.sum((m & (key >= cand)).to(tl.int32), axis=0)
+        T = tl.where(cnt >= top_k, cand, T)
+        bit = bit >> 1
+    n_gt = 0
+    for off in range(0, length, BLOCK):
+        p = off + tl.arange(0, BLOCK)
+        m = p < length
+        key = _order_key(tl.load(base + p, mask=m, other=0.0))
+        n_gt += tl.sum((m & (key > T)).to(tl.int32), axis=0)
+    need = top_k - n_gt
+    n_eq = 0
+    n_out = 0
+    for off in range(0, length, BLOCK):
+        p = off + tl.arange(0, BLOCK)
+        m = p < length
+        key = _order_key(tl.load(base + p, mask=m, other=0.0))
+        eq = m & (key == T)
+        sel = (m & (key > T)) | (eq & (n_eq + tl.cumsum(eq.to(tl.int32), axis=0) <= need))
+        slot = n_out + tl.cumsum(sel.to(tl.int32), axis=0) - 1
+        res = _transform_positions(p, row, METHOD, bt_ptr, stride_bt, req_ptr, HAS_REQ,
+                                   page_size, off_ptr)
+        tl.store(out_row + slot, res, mask=sel)
+        n_eq += tl.sum(eq.to(tl.int32), axis=0)
+        n_out += tl.sum(sel.to(tl.int32), axis=0)
+
+
+@triton.jit
+def _select_row(row, logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, cand_ptr, cnt_ptr,
+                max_chunks, chunk_size, out_ptr, stride_o, top_k, bt_ptr, stride_bt, req_ptr,
+                page_size, off_ptr, METHOD: tl.constexpr, HAS_REQ: tl.constexpr,
+                CAP: tl.constexpr, BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr):
     """Final top-k of one row (pass-through / candidates / exact fallback) + transform epilogue."""
-    row = tl.program_id(0)
     length = tl.minimum(tl.load(len_ptr + row), n_cols)
     out_row = out_ptr + row.to(tl.int64) * stride_o
     base = logits_ptr + row.to(tl.int64) * stride_l
     if length <= top_k:
-        # pass-through: every position, then -1 padding
-        for off in range(0, top_k, BLOCK):
-            i = off + tl.arange(0, BLOCK)
-            pos = tl.where(i < length, i, -1)
-            res = _transform_positions(pos, row, METHOD, bt_ptr, stride_bt, req_ptr, HAS_REQ,
-                                       page_size, off_ptr)
-            tl.store(out_row + i, res, mask=i < top_k)
+        _passthrough_row(length, top_k, out_row, row, METHOD, bt_ptr, stride_bt, req_ptr,
+                         HAS_REQ, page_size, off_ptr, BLOCK)
     else:
         idx = tl.arange(0, CAP)
         n_chunks = tl.load(chunks_ptr + row)
@@ -354,40 +438,248 @@ def _topk_select_kernel(logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, cand_
                                        page_size, off_ptr)
             tl.store(out_row + slot, res, mask=sel)
         else:
-            # exact fallback over the whole row: bit bisection by counting passes
-            T = tl.zeros([], dtype=tl.uint32)
-            bit = tl.full([], 1, tl.uint32) << 31
-            for _ in range(32):
-                cand = T | bit
-                cnt = 0
-                for off in range(0, length, BLOCK):
-                    p = off + tl.arange(0, BLOCK)
-                    m = p < length
-                    key = _order_key(tl.load(base + p, mask=m, other=0.0))
-                    cnt += tl.sum((m & (key >= cand)).to(tl.int32), axis=0)
-                T = tl.where(cnt >= top_k, cand, T)
-                bit = bit >> 1
-            n_gt = 0
-            for off in range(0, length, BLOCK):
-                p = off + tl.arange(0, BLOCK)
-                m = p < length
-                key = _order_key(tl.load(base + p, mask=m, other=0.0))
-                n_gt += tl.sum((m & (key > T)).to(tl.int32), axis=0)
-            need = top_k - n_gt
-            n_eq = 0
-            n_out = 0
-            for off in range(0, length, BLOCK):
-                p = off + tl.arange(0, BLOCK)
-                m = p < length
-                key = _order_key(tl.load(base + p, mask=m, other=0.0))
-                eq = m & (key == T)
-                sel = (m & (key > T)) | (eq & (n_eq + tl.cumsum(eq.to(tl.int32), axis=0) <= need))
-                slot = n_out + tl.cumsum(sel.to(tl.int32), axis=0) - 1
-                res = _transform_positions(p, row, METHOD, bt_ptr, stride_bt, req_ptr, HAS_REQ,
-                                           page_size, off_ptr)
-                tl.store(out_row + slot, res, mask=sel)
-                n_eq += tl.sum(eq.to(tl.int32), axis=0)
-                n_out += tl.sum(sel.to(tl.int32), axis=0)
+            _exact_row(base, length, top_k, out_row, row, METHOD, bt_ptr, stride_bt, req_ptr,
+                       HAS_REQ, page_size, off_ptr, BLOCK)
+
+
+@triton.jit
+def _topk_select_kernel(logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, cand_ptr, cnt_ptr,
+                        max_chunks, chunk_size, out_ptr, stride_o, top_k,
+                        bt_ptr, stride_bt, req_ptr, page_size, off_ptr,
+                        METHOD: tl.constexpr, HAS_REQ: tl.constexpr, CAP: tl.constexpr,
+                        BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr):
+    """Sample path, one program per row: ``_select_row``."""
+    _select_row(tl.program_id(0), logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, cand_ptr,
+                cnt_ptr, max_chunks, chunk_size, out_ptr, stride_o, top_k, bt_ptr, stride_bt,
+                req_ptr, page_size, off_ptr, METHOD, HAS_REQ, CAP, BLOCK, RADIX_BITS)
+
+
+@triton.jit
+def _radix_window_kernel(logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, cand_ptr, cnt_ptr,
+                         max_chunks, chunk_size, out_ptr, stride_o, top_k, bt_ptr, stride_bt,
+                         req_ptr, page_size, off_ptr, win_ptr, hist_ptr, list_cnt_ptr,
+                         METHOD: tl.constexpr, HAS_REQ: tl.constexpr, CAP: tl.constexpr,
+                         BLOCK: tl.constexpr, SAMPLE: tl.constexpr, NB: tl.constexpr,
+                         NB_BITS: tl.constexpr):
+    """Radix path, one program per row. Short rows (no chunks): their whole top-k
+    (``_select_row``). Long rows: zero the row's histogram and list counter, and store the
+    window (``t_lo`` key, bin ``shift``) from a strided sample of ``SAMPLE`` values."""
+    row = tl.program_id(0)
+    n_chunks = tl.load(chunks_ptr + row)
+    if n_chunks == 0:
+        _select_row(row, logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, cand_ptr, cnt_ptr,
+                    max_chunks, chunk_size, out_ptr, stride_o, top_k, bt_ptr, stride_bt,
+                    req_ptr, page_size, off_ptr, METHOD, HAS_REQ, CAP, BLOCK, 1)
+    else:
+        length = tl.minimum(tl.load(len_ptr + row), n_cols)
+        base = logits_ptr + row.to(tl.int64) * stride_l
+        i = tl.arange(0, SAMPLE).to(tl.int64)
+        key = _order_key(tl.load(base + (i * length) // SAMPLE))
+        # sample rank of the k-th largest, +- 5 standard deviations (binomial) and one
+        r = tl.minimum(tl.maximum((SAMPLE * top_k + length - 1) // tl.maximum(length, 1), 1),
+                       SAMPLE)
+        margin = (5.0 * tl.sqrt(r.to(tl.float32))).to(tl.int32) + 1
+        r_lo = tl.minimum(r + margin, SAMPLE)
+        r_hi = tl.maximum(r - margin, 1)
+        t_lo = _windowed_rank_key(key, r_lo, tl.minimum(r_lo + r_lo // 4, SAMPLE))
+        t_hi = _windowed_rank_key(key, tl.maximum((3 * r_hi) // 4, 1), r_hi)
+        d = tl.where(t_hi > t_lo, t_hi - t_lo, 0)
+        # bit length of d (a float conversion may over-estimate it by one: coarser bins only)
+        nbits = tl.where(d == 0, 0, ((d.to(tl.float32).to(tl.int32, bitcast=True) >> 23) & 0xFF)
+                         - 126)
+        shift = tl.maximum(nbits - (NB_BITS - 1), 0)  # the window fills bins < NB / 2
+        tl.store(win_ptr + 2 * row, t_lo.to(tl.int32, bitcast=True))
+        tl.store(win_ptr + 2 * row + 1, shift)
+        j = tl.arange(0, NB)
+        tl.store(hist_ptr + row * NB + j, tl.zeros([NB], dtype=tl.int32))
+        tl.store(list_cnt_ptr + row, 0)
+
+
+@triton.jit
+def _block_keys(base, p, end, MASKED: tl.constexpr):
+    """Keys of positions ``p`` and their validity (MASKED: ``p < end``, else all valid)."""
+    if MASKED:
+        m = p < end
+        key = _order_key(tl.load(base + p, mask=m, other=0.0))
+    else:
+        m = p >= 0
+        key = _order_key(tl.load(base + p))
+    return key, m
+
+
+@triton.jit
+def _radix_bin(key, m, t_lo, shift, NB: tl.constexpr):
+    """int32 bin of each key: ``min((key - t_lo) >> shift, NB - 1)`` for valid keys
+    ``>= t_lo``, else -1 (bins grow with the key)."""
+    b = tl.minimum((key - t_lo) >> shift, tl.full([], NB - 1, tl.uint32))
+    return tl.where(m & (key >= t_lo), b.to(tl.int32), -1)
+
+
+@triton.jit
+def _radix_row_state(row, len_ptr, n_cols, chunks_ptr, chunk_size, win_ptr, hist_ptr, top_k,
+                     NB: tl.constexpr, LIST: tl.constexpr):
+    """From a long row's finished histogram: the bin ``tb`` holding its k-th largest key, the
+    rank ``kp`` of that key within the bin, the bin's count, and whether the fast path holds
+    (the k-th key lies in a window bin below the last, the bin fits the list, the plan's
+    chunks cover the row)."""
+    length = tl.minimum(tl.load(len_ptr + row), n_cols)
+    n_chunks = tl.load(chunks_ptr + row)
+    j = tl.arange(0, NB)
+    h = tl.load(hist_ptr + row * NB + j)
+    ge = tl.sum(h, axis=0) - tl.cumsum(h, axis=0) + h  # count of keys in bins >= j
+    tb = tl.max(tl.where(ge >= top_k, j, -1), axis=0)
+    h_tb = tl.sum(tl.where(j == tb, h, 0), axis=0)
+    kp = top_k - (tl.sum(tl.where(j == tb, ge, 0), axis=0) - h_tb)
+    covered = n_chunks.to(tl.int64) * chunk_size >= length
+    ok = (tb >= 0) & (tb < NB - 1) & (h_tb <= LIST) & covered
+    t_lo = tl.load(win_ptr + 2 * row).to(tl.uint32, bitcast=True)
+    shift = tl.load(win_ptr + 2 * row + 1).to(tl.uint32)
+    return tb, kp, h_tb, ok, t_lo, shift, length
+
+
+@triton.jit
+def _hist_block(base, p, end, t_lo, shift, hrow, NB: tl.constexpr, MASKED: tl.constexpr):
+    key, m = _block_keys(base, p, end, MASKED)
+    bn = _radix_bin(key, m, t_lo, shift, NB)
+    tl.atomic_add(hrow + bn, 1, mask=(bn >= 0) & (bn < NB - 1), sem="relaxed")
+    return tl.sum((bn == NB - 1).to(tl.int32), axis=0)
+
+
+@triton.jit
+def _radix_hist_kernel(logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, chunk_size, win_ptr,
+                       hist_ptr, NB: tl.constexpr, BLOCK: tl.constexpr):
+    """One chunk of a long row: add its window histogram into the row's (atomics; the last
+    bin, everything above the window, counted here and added once)."""
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    if chunk < tl.load(chunks_ptr + row):
+        length = tl.minimum(tl.load(len_ptr + row), n_cols)
+        base = logits_ptr + row.to(tl.int64) * stride_l
+        t_lo = tl.load(win_ptr + 2 * row).to(tl.uint32, bitcast=True)
+        shift = tl.load(win_ptr + 2 * row + 1).to(tl.uint32)
+        hrow = hist_ptr + row * NB
+        start = chunk * chunk_size
+        end = tl.minimum(start + chunk_size, length)
+        n_full = tl.maximum(end - start, 0) // BLOCK
+        top = 0
+        for it in range(0, n_full):
+            top += _hist_block(base, start + it * BLOCK + tl.arange(0, BLOCK), end, t_lo, shift,
+                               hrow, NB, False)
+        top += _hist_block(base, start + n_full * BLOCK + tl.arange(0, BLOCK), end, t_lo, shift,
+                           hrow, NB, True)
+        if top > 0:
+            tl.atomic_add(hrow + NB - 1, top, sem="relaxed")
+
+
+@triton.jit
+def _collect_block(base, p, end, t_lo, shift, tb, list_cnt_ptr, lpos, lkey, NB: tl.constexpr,
+                   MASKED: tl.constexpr):
+    key, m = _block_keys(base, p, end, MASKED)
+    bn = _radix_bin(key, m, t_lo, shift, NB)
+    inb = bn == tb
+    n_in = tl.sum(inb.to(tl.int32), axis=0)
+    if n_in > 0:
+        slot = tl.atomic_add(list_cnt_ptr, n_in, sem="relaxed") + tl.cumsum(inb.to(tl.int32),
+                                                                            axis=0) - 1
+        tl.store(lpos + slot, p, mask=inb)
+        tl.store(lkey + slot, key.to(tl.int32, bitcast=True), mask=inb)
+    return tl.sum((bn > tb).to(tl.int32), axis=0)
+
+
+@triton.jit
+def _radix_collect_kernel(logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, chunk_size, win_ptr,
+                          hist_ptr, list_cnt_ptr, list_pos_ptr, list_key_ptr, sure_ptr,
+                          max_chunks, top_k, NB: tl.constexpr, LIST: tl.constexpr,
+                          BLOCK: tl.constexpr):
+    """One chunk of a long row: count its keys in bins above the k-th key's bin (stored per
+    chunk) and append the positions and keys of that bin to the row's list (unordered)."""
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    if chunk < tl.load(chunks_ptr + row):
+        tb, kp, h_tb, ok, t_lo, shift, length = _radix_row_state(
+            row, len_ptr, n_cols, chunks_ptr, chunk_size, win_ptr, hist_ptr, top_k, NB, LIST)
+        if ok:
+            base = logits_ptr + row.to(tl.int64) * stride_l
+            lpos = list_pos_ptr + row * LIST
+            lkey = list_key_ptr + row * LIST
+            start = chunk * chunk_size
+            end = tl.minimum(start + chunk_size, length)
+            n_full = tl.maximum(end - start, 0) // BLOCK
+            n_sure = 0
+            for it in range(0, n_full):
+                n_sure += _collect_block(base, start + it * BLOCK + tl.arange(0, BLOCK), end,
+                                         t_lo, shift, tb, list_cnt_ptr + row, lpos, lkey, NB,
+                                         False)
+            n_sure += _collect_block(base, start + n_full * BLOCK + tl.arange(0, BLOCK), end,
+                                     t_lo, shift, tb, list_cnt_ptr + row, lpos, lkey, NB, True)
+            tl.store(sure_ptr + row * max_chunks + chunk, n_sure)
+
+
+@triton.jit
+def _output_block(base, p, end, t_lo, shift, tb, T, p_cut, before, out_row, row,
+                  METHOD: tl.constexpr, bt_ptr, stride_bt, req_ptr, HAS_REQ: tl.constexpr,
+                  page_size, off_ptr, NB: tl.constexpr, MASKED: tl.constexpr):
+    key, m = _block_keys(base, p, end, MASKED)
+    bn = _radix_bin(key, m, t_lo, shift, NB)
+    sel = (bn > tb) | ((bn == tb) & ((key > T) | ((key == T) & (p <= p_cut))))
+    slot = before + tl.cumsum(sel.to(tl.int32), axis=0) - 1
+    res = _transform_positions(p, row, METHOD, bt_ptr, stride_bt, req_ptr, HAS_REQ, page_size,
+                               off_ptr)
+    tl.store(out_row + slot, res, mask=sel)
+    return before + tl.sum(sel.to(tl.int32), axis=0)
+
+
+@triton.jit
+def _radix_output_kernel(logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, chunk_size, win_ptr,
+                         hist_ptr, list_pos_ptr, list_key_ptr, sure_ptr, max_chunks, out_ptr,
+                         stride_o, top_k, bt_ptr, stride_bt, req_ptr, page_size, off_ptr,
+                         METHOD: tl.constexpr, HAS_REQ: tl.constexpr, NB: tl.constexpr,
+                         LIST: tl.constexpr, CHUNKS_P2: tl.constexpr, BLOCK: tl.constexpr):
+    """One chunk of a long row: from the row's list, the exact k-th key ``T`` and the last
+    position ``p_cut`` of the ties taken; write the chunk's selected positions at their ranks
+    (chunk 0 runs the exact whole-row path instead when the fast path does not hold)."""
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    if chunk < tl.load(chunks_ptr + row):
+        tb, kp, h_tb, ok, t_lo, shift, length = _radix_row_state(
+            row, len_ptr, n_cols, chunks_ptr, chunk_size, win_ptr, hist_ptr, top_k, NB, LIST)
+        base = logits_ptr + row.to(tl.int64) * stride_l
+        out_row = out_ptr + row.to(tl.int64) * stride_o
+        if ok:
+            li = tl.arange(0, LIST)
+            lv = li < h_tb
+            lk = tl.load(list_key_ptr + row * LIST + li, mask=lv, other=0).to(tl.uint32,
+                                                                               bitcast=True)
+            lp = tl.load(list_pos_ptr + row * LIST + li, mask=lv, other=0)
+            T = _kth_largest_key(lk, kp, 1)  # unused slots carry key 0: never counted
+            need = kp - tl.sum((lk > T).to(tl.int32), axis=0)  # ties at T taken, >= 1
+            eqm = lv & (lk == T)
+            # the need-th smallest tie position = the need-th largest of ~pos (>= 2^31)
+            cut = _kth_largest_key(tl.where(eqm, (~lp).to(tl.uint32, bitcast=True), 0), need, 1)
+            p_cut = ~(cut.to(tl.int32, bitcast=True))
+            start = chunk * chunk_size
+            lsel = lv & ((lk > T) | (eqm & (lp <= p_cut)))
+            c = tl.arange(0, CHUNKS_P2)
+            before = (tl.sum(tl.load(sure_ptr + row * max_chunks + c, mask=c < chunk, other=0),
+                             axis=0)
+                      + tl.sum((lsel & (lp < start)).to(tl.int32), axis=0))
+            end = tl.minimum(start + chunk_size, length)
+            n_full = tl.maximum(end - start, 0) // BLOCK
+            for it in range(0, n_full):
+                before = _output_block(base, start + it * BLOCK + tl.arange(0, BLOCK), end, t_lo,
+                                       shift, tb, T, p_cut, before, out_row, row, METHOD, bt_ptr,
+                                       stride_bt, req_ptr, HAS_REQ, page_size, off_ptr, NB,
+                                       False)
+            _output_block(base, start + n_full * BLOCK + tl.arange(0, BLOCK), end, t_lo, shift,
+                          tb, T, p_cut, before, out_row, row, METHOD, bt_ptr, stride_bt, req_ptr,
+                          HAS_REQ, page_size, off_ptr, NB, True)
+        elif chunk == 0:  # (a row shorter than planned: no k-th key in the histogram)
+            if length <= top_k:
+                _passthrough_row(length, top_k, out_row, row, METHOD, bt_ptr, stride_bt,
+                                 req_ptr, HAS_REQ, page_size, off_ptr, BLOCK)
+            else:
+                _exact_row(base, length, top_k, out_row, row, METHOD, bt_ptr, stride_bt,
+                           req_ptr, HAS_REQ, page_size, off_ptr, BLOCK)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -414,6 +706,14 @@ class TopkPlan:
         candidates: int32 ``[B, max_chunks, cap]`` scratch (positions of candidates).
         counts: int32 ``[B, max_chunks]`` scratch (candidates per chunk).
         thresholds: int32 ``[B]`` scratch (threshold keys, uint32 bit patterns).
+        radix_window: int32 ``[B', 2]`` scratch of the radix path (window key, bin shift);
+            ``B' = B`` when some row is long, else 0 (as for the other ``radix_*``).
+        radix_hist: int32 ``[B', RADIX_BINS]`` scratch (per-row window histograms; zeroed by
+            the radix path's first kernel of every call).
+        radix_list_count: int32 ``[B']`` scratch (entries in each row's list; zeroed likewise).
+        radix_list_pos / radix_list_key: int32 ``[B', RADIX_LIST]`` scratch (positions and keys
+            of the k-th key's bin).
+        radix_sure: int32 ``[B', max_chunks]`` scratch (per chunk: keys above that bin).
         uses: number of top-k calls that consumed this plan.
     """
 
@@ -429,6 +729,12 @@ class TopkPlan:
     candidates: torch.Tensor
     counts: torch.Tensor
     thresholds: torch.Tensor
+    radix_window: torch.Tensor
+    radix_hist: torch.Tensor
+    radix_list_count: torch.Tensor
+    radix_list_pos: torch.Tensor
+    radix_list_key: torch.Tensor
+    radix_sure: torch.Tensor
     uses: int = field(default=0)
 
     @property
@@ -484,12 +790,20 @@ def plan_topk(seq_lens: torch.Tensor, top_k: int, *, max_len: Optional[int] = No
     row_chunks = torch.where(lens > cap, (lens + chunk_size - 1) // chunk_size,
                              torch.zeros_like(lens)).clamp_max(max_chunks).to(torch.int32)
     _PLAN_BUILDS += 1
+    nr = B if long_rows else 0
+
+    def scratch(*shape):
+        return torch.zeros((nr, *shape), dtype=torch.int32, device=dev)
+
     return TopkPlan(
         top_k=top_k, batch=B, max_len=max_len, lengths=seq_lens, row_chunks=row_chunks, cap=cap,
         chunk_size=chunk_size, max_chunks=max_chunks, sample=min(SAMPLE_MAX, cap),
         candidates=torch.empty((B, max_chunks, cap), dtype=torch.int32, device=dev),
         counts=torch.zeros((B, max_chunks), dtype=torch.int32, device=dev),
         thresholds=torch.zeros((B,), dtype=torch.int32, device=dev),
+        radix_window=scratch(2), radix_hist=scratch(RADIX_BINS), radix_list_count=scratch(),
+        radix_list_pos=scratch(RADIX_LIST), radix_list_key=scratch(RADIX_LIST),
+        radix_sure=scratch(max_chunks),
     )
 
 
@@ -558,6 +872,10 @@ def launch_topk(logits: torch.Tensor, lengths: torch.Tensor, top_k: int, plan: T
     stride_bt = block_table.stride(0) if block_table is not None else 0
     req = row_req if row_req is not None else dummy
     offs = row_offsets if row_offsets is not None else dummy
+    if plan.needs_scan and launch.algorithm == "radix":
+        _launch_radix(logits, lengths, top_k, plan, out, method, bt, stride_bt, req,
+                      row_req is not None, page_size, offs, launch)
+        return out
     if plan.needs_scan:
         target = min(2 * top_k, (top_k + plan.cap) // 2)
         if not launch.fuse_threshold:
@@ -578,9 +896,43 @@ def launch_topk(logits: torch.Tensor, lengths: torch.Tensor, top_k: int, plan: T
         bt, stride_bt, req, page_size, offs,
         METHOD=method, HAS_REQ=row_req is not None, CAP=plan.cap,
         BLOCK=min(launch.scan_block_max, plan.cap), RADIX_BITS=launch.radix_bits,
-        num_warps=launch.select_warps if plan.cap >= 4096 else min(launch.select_warps, 8),
-        num_stages=launch.select_stages)
+        num_warps=_select_warps(launch, plan), num_stages=launch.select_stages)
     return out
+
+
+def _select_warps(launch: TopkLaunch, plan: TopkPlan) -> int:
+    return launch.select_warps if plan.cap >= 4096 else min(launch.select_warps, 8)
+
+
+def _launch_radix(logits, lengths, top_k, plan, out, method, bt, stride_bt, req, has_req,
+                  page_size, offs, launch):
+    """The radix path's four kernels (module docstring); fixed grids, no host sync."""
+    B, N = logits.shape
+    sl = logits.stride(0)
+    C = plan.max_chunks
+    block = min(launch.scan_block_max, plan.chunk_size)
+    chunk_kw = dict(num_warps=launch.scan_warps, num_stages=launch.scan_stages)
+    _radix_window_kernel[(B,)](
+        logits, sl, N, lengths, plan.row_chunks, plan.candidates, plan.counts, C,
+        plan.chunk_size, out, out.stride(0), top_k, bt, stride_bt, req, page_size, offs,
+        plan.radix_window, plan.radix_hist, plan.radix_list_count,
+        METHOD=method, HAS_REQ=has_req, CAP=plan.cap,
+        BLOCK=min(launch.scan_block_max, plan.cap), SAMPLE=plan.sample, NB=RADIX_BINS,
+        NB_BITS=RADIX_BINS.bit_length() - 1, num_warps=_select_warps(launch, plan),
+        num_stages=launch.select_stages)
+    _radix_hist_kernel[(B, C)](logits, sl, N, lengths, plan.row_chunks, plan.chunk_size,
+                               plan.radix_window, plan.radix_hist, NB=RADIX_BINS, BLOCK=block,
+                               **chunk_kw)
+    _radix_collect_kernel[(B, C)](
+        logits, sl, N, lengths, plan.row_chunks, plan.chunk_size, plan.radix_window,
+        plan.radix_hist, plan.radix_list_count, plan.radix_list_pos, plan.radix_list_key,
+        plan.radix_sure, C, top_k, NB=RADIX_BINS, LIST=RADIX_LIST, BLOCK=block, **chunk_kw)
+    _radix_output_kernel[(B, C)](
+        logits, sl, N, lengths, plan.row_chunks, plan.chunk_size, plan.radix_window,
+        plan.radix_hist, plan.radix_list_pos, plan.radix_list_key, plan.radix_sure, C, out,
+        out.stride(0), top_k, bt, stride_bt, req, page_size, offs,
+        METHOD=method, HAS_REQ=has_req, NB=RADIX_BINS, LIST=RADIX_LIST,
+        CHUNKS_P2=_next_pow2(C), BLOCK=block, **chunk_kw)
 
 
 def topk_per_row(logits: torch.Tensor, lengths: torch.Tensor, top_k: int, *,

@@ -46,41 +46,47 @@ from harness.bench.measure import BenchRun, Check, exact
 from harness.bench.registry import register
 from harness.indexer_ref import indexer_logits_paged_ref, paged_transform_ref
 
-#: indexer launch variants timed with --tune
+#: indexer launch variants timed with --tune and --variants (issue #13). Earlier runs (B=64, fp8,
+#: page 64; % of the copy ceiling at 8K / 32K / 128K): num_stages 3 41 / 49 / 54, 5 45 / 56 / 64
+#: (now the default), prefetch with 5 stages 46 / 55 / 62; programs_per_sm 2 / 8 and
+#: 4096-token programs no better; 128-token tiles with per-token page reads 33-45; maxnreg=96
+#: (3 stages) 57 at 128K. Compiled for sm_90 by Triton 3.6 (not timed): (num_stages - 1) // 2
+#: key buffers per program (5: 2, 7: 3, 9: 4); the TMA loads fit maxnreg=96 without spilling
+#: (5 programs per SM by registers; 41 KB shared each at 7 stages), the pointer loads spill.
 INDEXER_VARIANTS: Dict[str, IndexerLaunch] = {
     "default": IndexerLaunch(),
-    "stages2": IndexerLaunch(num_stages=2),
-    "stages4_tok4096": IndexerLaunch(num_stages=4, max_tokens_per_program=4096),
-    "stages2_reg128": IndexerLaunch(num_stages=2, maxnreg=128),
-    "reg96": IndexerLaunch(maxnreg=96),
-    "n128_w8": IndexerLaunch(block_n=128, num_warps=8, tile_in_page=False),
-    "n128_w4": IndexerLaunch(block_n=128, tile_in_page=False),
-    # issue #13: the fp8 scales read a tile ahead; more stages (5: two key buffers in flight
-    # per program where 3 and 4 give one, from the sm_90 IR of Triton 3.6); occupancy / length
+    "stages3": IndexerLaunch(num_stages=3),
     "prefetch": IndexerLaunch(prefetch=True),
-    "stages5": IndexerLaunch(num_stages=5),
-    "prefetch_stages5": IndexerLaunch(prefetch=True, num_stages=5),
-    "prefetch_stages6": IndexerLaunch(prefetch=True, num_stages=6),
-    "prefetch_stages5_pps2": IndexerLaunch(prefetch=True, num_stages=5, programs_per_sm=2),
-    "prefetch_stages5_pps8": IndexerLaunch(prefetch=True, num_stages=5, programs_per_sm=8),
-    "prefetch_stages5_tok4096": IndexerLaunch(prefetch=True, num_stages=5,
-                                              max_tokens_per_program=4096),
-    "prefetch_n128_w8_stages5": IndexerLaunch(block_n=128, num_warps=8, tile_in_page=False,
-                                              prefetch=True, num_stages=5),
+    "stages7": IndexerLaunch(num_stages=7),
+    "stages9": IndexerLaunch(num_stages=9),
+    "n128_w8_pages2_stages7": IndexerLaunch(block_n=128, num_warps=8, num_stages=7),
+    "tma": IndexerLaunch(tma=True),
+    "tma_stages7": IndexerLaunch(tma=True, num_stages=7),
+    "tma_stages9": IndexerLaunch(tma=True, num_stages=9),
+    "tma_prefetch_stages7": IndexerLaunch(tma=True, prefetch=True, num_stages=7),
+    "tma_stages7_reg96_pps5": IndexerLaunch(tma=True, num_stages=7, maxnreg=96,
+                                            programs_per_sm=5),
+    "tma_prefetch_stages7_reg96_pps5": IndexerLaunch(tma=True, prefetch=True, num_stages=7,
+                                                     maxnreg=96, programs_per_sm=5),
 }
-#: top-k launch variants timed with --tune
+#: top-k launch variants timed with --tune (the default: the windowed sample threshold)
 TOPK_VARIANTS: Dict[str, TopkLaunch] = {
     "default": TopkLaunch(),
+    "exact_threshold": TopkLaunch(threshold_window=False),
     "select_w16": TopkLaunch(select_warps=16),
     "scan_b4096_w8_s3": TopkLaunch(scan_block_max=4096, scan_warps=8, scan_stages=3),
     "scan_b1024": TopkLaunch(scan_block_max=1024),
     "scan_b1024_w2": TopkLaunch(scan_block_max=1024, scan_warps=2),
-    # issue #13: the threshold inside the scan kernel, and / or the windowed sample search
-    "fused": TopkLaunch(fuse_threshold=True),
-    "window": TopkLaunch(threshold_window=True),
-    "fused_window": TopkLaunch(fuse_threshold=True, threshold_window=True),
-    "fused_window_select_w16": TopkLaunch(fuse_threshold=True, threshold_window=True,
-                                          select_warps=16),
+    # issue #13: the threshold inside the scan kernel (exact / windowed sample search)
+    "fused": TopkLaunch(fuse_threshold=True, threshold_window=False),
+    "fused_window": TopkLaunch(fuse_threshold=True),
+    "fused_window_select_w16": TopkLaunch(fuse_threshold=True, select_warps=16),
+    # issue #13: the multi-program window-histogram select (every chunk of a row in its own
+    # program; module docstring of backends.kernels.topk)
+    "radix": TopkLaunch(algorithm="radix"),
+    "radix_b1024": TopkLaunch(algorithm="radix", scan_block_max=1024),
+    "radix_b4096_w8": TopkLaunch(algorithm="radix", scan_block_max=4096, scan_warps=8),
+    "radix_s2": TopkLaunch(algorithm="radix", scan_stages=2),
 }
 #: --tune sweeps the indexer variants at contexts from this length on
 TUNE_MIN_CONTEXT = 32768

@@ -38,7 +38,7 @@ upstream buffer               dtype / shape                         ours
 ============================  ====================================  ============================
 
 Semantics of the upstream kernel (read from the 0.5.23 source; ``UpstreamHotBuffer`` in
-``harness/sglang_model.py`` models them in pure Python) and where they differ from ours
+``harness/sglang_model.py`` models them in pure Python) and how they relate to ours
 (``harness/lru_model.py``):
 
 * short request (``seq_len <= D``): ``out[i] = locs[pos]`` for ``i < min(seq_len, K)`` and
@@ -47,13 +47,19 @@ Semantics of the upstream kernel (read from the 0.5.23 source; ``UpstreamHotBuff
   other entry goes into a shared-memory hash; the hot slots are walked in LRU order, a resident
   selected token is a hit; the i-th miss *in selection order* takes the i-th least recently used
   non-hit slot; new LRU order = untouched non-hit slots, then the misses' slots (selection order),
-  then the hit slots **in their previous LRU order** (ours: ascending position). -1 entries of a
-  long request are skipped and their output is left as it was (we fill the output with -1 first);
-  duplicates race in the hash (an entry can be loaded twice) and positions ``>= seq_len`` are not
-  checked, so the peer feeds the kernel a canonical selection (``canonical_selection``: valid,
-  distinct, ascending, -1 at the end) and maps the output back to the caller's order. With that
-  selection, hits, misses, slot assignment, output slots and copied bytes equal ours exactly; the
-  LRU orders differ only in the order of the hit slots, so free-running traces can diverge
+  then the hit slots **in their previous LRU order**. That is ours in the default
+  ``lru_order=upstream``; ``lru_order=position`` (the harness's earlier order) takes misses and
+  hits in ascending position instead. -1 entries of a long request are skipped and their output is
+  left as it was (we fill the output with -1 first); duplicates race in the hash (an entry can be
+  loaded twice) and positions ``>= seq_len`` are not checked, so ``swap_in`` feeds the kernel a
+  canonical selection (``canonical_selection``: valid, distinct, ascending, -1 at the end) and
+  maps the output back to the caller's order. On the same selection in the same entry order, ours
+  in ``upstream`` order and the kernel agree exactly, the LRU order included, in lockstep and free
+  running (checked by
+  ``tests/test_sglang_peer.py::test_gpu_free_running_50_steps_equal_sglang_kernel``: 50 steps,
+  ``swap_in_direct``; on the CPU against ``UpstreamHotBuffer``). In ``position`` order hits,
+  misses, slot assignment, output slots and copied bytes still agree in lockstep on the canonical
+  selection, but the hit slots' LRU order differs, so free-running traces can diverge
   (``tests/test_sglang_peer.py`` has a four-step example). ``swap_in`` (any selection) pays for
   that canonicalising sort; ``swap_in_direct`` passes a selection that already meets upstream's
   contract (``selection_contract_error``; an indexer's top-k does) straight to the kernel, as
