@@ -280,7 +280,7 @@ def test_launch_validation_errors():
         IndexerLaunch(tokens_per_program=100)
     with pytest.raises(ValueError, match="IndexerLaunch.programs_per_sm"):
         IndexerLaunch(programs_per_sm=0)
-    with pytest.raises(ValueError, match="IndexerLaunch.tma must be True or False"):
+    with pytest.raises(ValueError, match="IndexerLaunch.tma must be True, False or None"):
         IndexerLaunch(tma=1)
 
 
@@ -298,3 +298,18 @@ def test_tma_unsupported_layouts_rejected(device):
     padded[:, :32] = k  # rows of 72 bytes
     with pytest.raises(ValueError, match="IndexerLaunch.tma needs a 16-byte aligned"):
         indexer_logits_ragged(q, w, padded[:, :32], ks, ke, launch=IndexerLaunch(tma=True))
+
+
+def test_tma_by_default_only_where_it_works():
+    """``tma=None`` (the default): TMA on CUDA of capability >= 9 where the addressing and the
+    alignment allow it, never on the CPU; an explicit True / False is kept as given."""
+    cpu = torch.device("cpu")
+    assert IndexerLaunch().tma is None
+    assert IndexerLaunch().use_tma(cpu, supported=True) is False
+    assert IndexerLaunch(tma=True).use_tma(cpu, supported=False) is True
+    assert IndexerLaunch(tma=False).use_tma(cpu, supported=True) is False
+    if torch.cuda.is_available():
+        dev = torch.device("cuda")
+        want = torch.cuda.get_device_capability(dev)[0] >= 9
+        assert IndexerLaunch().use_tma(dev, supported=True) is want
+        assert IndexerLaunch().use_tma(dev, supported=False) is False

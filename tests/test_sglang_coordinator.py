@@ -92,16 +92,20 @@ def test_without_gpu_unavailable_and_page_mode_invalid_sweep_goes_on(tmp_path):
 
 def test_selection_contract():
     n = np.array([40, 20])
-    ok = np.array([[5, 39, 0, -1], [3, 1, -1, -1]])
+    ok = np.array([[5, 39, 0, 9], [3, 1, -1, -1]])
     assert sp.selection_contract_error(ok, n, 24) is None
-    assert "twice" in sp.selection_contract_error(np.array([[5, 7, 5, -1], [3, 1, -1, -1]]), n, 24)
-    assert "outside" in sp.selection_contract_error(np.array([[5, 40, 1, -1], [3, 1, -1, -1]]), n, 24)
-    assert "outside" in sp.selection_contract_error(np.array([[5, -2, 1, -1], [3, 1, -1, -1]]), n, 24)
-    # -1 before a valid entry: fine for a long request (skipped), not for a short one
-    assert sp.selection_contract_error(np.array([[-1, 7, 5, -1], [3, 1, -1, -1]]), n, 24) is None
-    err = sp.selection_contract_error(np.array([[5, 7, 1, -1], [3, -1, 1, -1]]), n, 24)
+    assert "twice" in sp.selection_contract_error(np.array([[5, 7, 5, 9], [3, 1, -1, -1]]), n, 24)
+    assert "outside" in sp.selection_contract_error(np.array([[5, 40, 1, 9], [3, 1, -1, -1]]), n, 24)
+    assert "outside" in sp.selection_contract_error(np.array([[5, -2, 1, 9], [3, 1, -1, -1]]), n, 24)
+    # -1 before a valid entry: not for a short request; no -1 at all in a long one (it races
+    # with real positions in upstream's hash, whose empty key and hit marker are both -1)
+    err = sp.selection_contract_error(np.array([[5, 7, 1, 9], [3, -1, 1, -1]]), n, 24)
     assert "batch row 1" in err and "short request" in err
-    assert sp.selection_contract_error(np.array([[5, -1, 1, -1], [3, -1, 1, -1]]), n, 16) is None
+    for long_row in ([-1, 7, 5, 9], [5, 7, 1, -1]):
+        err = sp.selection_contract_error(np.array([long_row, [3, 1, -1, -1]]), n, 24)
+        assert "batch row 0" in err and "long request" in err and "race" in err
+    assert "batch row 1" in sp.selection_contract_error(
+        np.array([[5, 6, 1, 9], [3, -1, 1, -1]]), n, 16)     # seq 20 > 16: row 1 is long here
 
 
 def test_trace_breaking_the_contract_is_invalid_before_any_kernel(tmp_path):

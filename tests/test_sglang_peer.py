@@ -259,9 +259,10 @@ def test_peer_free_running_with_model_kernel():
 
 
 def _contract_row(rng, resident, s, K, D):
-    """A selection row upstream's kernel takes as is (distinct positions < ``s``): a short
-    request's compacted with -1 at the end; a long request's with >= 2 of the ``resident``
-    positions, others (misses, further hits, sometimes the newest token) and -1 anywhere, in
+    """A selection row upstream's kernel takes as is (``selection_contract_error``: distinct
+    positions < ``s``): a short request's compacted with -1 at the end; a long request's ``K``
+    positions (no -1: an indexer's top-k of a request longer than ``K``), >= 2 of them among
+    the ``resident`` ones, the others misses or further hits and sometimes the newest token, in
     random order (misses are taken in selection order)."""
     if s <= D:
         n = int(rng.integers(1, min(s, K) + 1))
@@ -270,11 +271,9 @@ def _contract_row(rng, resident, s, K, D):
     n_hit = int(rng.integers(2, K // 2 + 1))
     hits = rng.choice(resident, n_hit, replace=False)
     rest = np.setdiff1d(np.arange(s - 1), hits)
-    n_other = int(rng.integers(0, K - n_hit + 1))
-    row = np.concatenate([hits, rng.choice(rest, n_other, replace=False),
-                          np.full(K - n_hit - n_other, -1)])
-    if n_hit + n_other < K and rng.random() < 0.5:
-        row[-1] = s - 1                                     # the newest token
+    newest = rng.random() < 0.5
+    row = np.concatenate([hits, rng.choice(rest, K - n_hit - newest, replace=False),
+                          [s - 1] * newest]).astype(np.int64)
     rng.shuffle(row)
     return row
 

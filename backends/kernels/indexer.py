@@ -410,7 +410,10 @@ class IndexerLaunch:
     whole tiles: one block-table read per tile when ``page_size % block_n == 0``, one per page
     when the tile is 2 to 4 whole pages (``block_n % page_size == 0``); otherwise (or False) one
     per token; tma: keys through a host tensor descriptor (bulk tensor copies; paged caches
-    need the whole-tile addressing; key rows 16-byte aligned); maxnreg: register cap per
+    need the whole-tile addressing; key rows 16-byte aligned); None (the default): wherever
+    that holds on a CUDA device of compute capability 9 or more (H200, B=64, fp8 keys, page
+    64: 67 / 77 % of the copy ceiling at 32K / 128K where pointer loads gave 56 / 63 %),
+    else pointer loads; True: required (ValueError where it cannot); False: never; maxnreg: register cap per
     thread (None: the compiler's choice); prefetch: read the block table two tiles and the fp8
     scales one tile ahead (the kernel's ``PREFETCH``); programs_per_sm: programs launched per
     SM when the rows have enough tiles (fewer, longer programs as it drops);
@@ -427,7 +430,7 @@ class IndexerLaunch:
     prefetch: bool = False
     programs_per_sm: int = 4
     tokens_per_program: Optional[int] = None
-    tma: bool = False
+    tma: Optional[bool] = None
 
     def __post_init__(self):
         for name in ("block_n", "max_tokens_per_program", "tokens_per_program"):
@@ -443,10 +446,21 @@ class IndexerLaunch:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"IndexerLaunch.{name} must be an int >= 1, got {v!r}")
-        for name in ("tile_in_page", "prefetch", "tma"):
+        for name in ("tile_in_page", "prefetch"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"IndexerLaunch.{name} must be True or False, "
                                  f"got {getattr(self, name)!r}")
+        if self.tma is not None and not isinstance(self.tma, bool):
+            raise ValueError(f"IndexerLaunch.tma must be True, False or None (where it works), "
+                             f"got {self.tma!r}")
+
+    def use_tma(self, device: torch.device, supported: bool) -> bool:
+        """Whether a launch on ``device`` loads keys by TMA: ``tma`` when given, else when
+        ``supported`` (addressing and alignment allow it) on CUDA of capability 9 or more."""
+        if self.tma is not None:
+            return self.tma
+        return (supported and device.type == "cuda"
+                and torch.cuda.get_device_capability(device)[0] >= 9)
 
     def pages_per_tile(self, page_size: int) -> int:
         """The kernel's ``PAGES_PER_TILE`` for ``page_size``-token pages (``_tile_pages``)."""
@@ -463,13 +477,19 @@ class IndexerLaunch:
         return opts if self.maxnreg is None else {**opts, "maxnreg": self.maxnreg}
 
 
+def _tma_aligned(keys: torch.Tensor, strides) -> bool:
+    """Whether ``keys`` (viewed with element ``strides``) has the 16-byte alignment TMA needs."""
+    nbytes = keys.element_size()
+    return keys.data_ptr() % 16 == 0 and all((st * nbytes) % 16 == 0 for st in strides[:-1])
+
+
 def _key_descriptor(keys: torch.Tensor, shape, strides, block_shape) -> TensorDescriptor:
     """Host tensor descriptor of ``keys`` viewed as ``shape`` / ``strides`` (elements), after
     the alignment TMA needs (else ValueError naming ``IndexerLaunch.tma``)."""
-    nbytes = keys.element_size()
-    if keys.data_ptr() % 16 or any((st * nbytes) % 16 for st in strides[:-1]):
+    if not _tma_aligned(keys, strides):
         raise ValueError(f"IndexerLaunch.tma needs a 16-byte aligned key buffer and row strides "
-                         f"of 16-byte multiples; got strides {list(strides)} x {nbytes} B")
+                         f"of 16-byte multiples; got strides {list(strides)} x "
+                         f"{keys.element_size()} B")
     return TensorDescriptor(base=keys, shape=list(shape), strides=list(strides),
                             block_shape=list(block_shape))
 
@@ -525,7 +545,9 @@ def indexer_logits_paged(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.
         stride_kpage, stride_spage = k_cache.stride(0), 0
     pages_per_tile = launch.pages_per_tile(P)
     k_desc = None
-    if launch.tma:
+    tma = launch.use_tma(dev, pages_per_tile > 0
+                         and _tma_aligned(k_vals, (stride_kpage, D, 1)))
+    if tma:
         if pages_per_tile == 0:
             raise ValueError(f"IndexerLaunch.tma needs tile_in_page=True and page_size % block_n "
                              f"== 0 or block_n = 2 or 4 pages; got page_size={P}, "
@@ -538,7 +560,7 @@ def indexer_logits_paged(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.
         q.stride(0), q.stride(1), weights.stride(0), block_table.stride(0),
         stride_kpage, stride_spage, D, out.stride(0), max_len, per_prog,
         H=H, D=D, PAGE=P, BLOCK_N=launch.block_n, KV_FP8=is_fp8, PAGED=True,
-        PAGES_PER_TILE=pages_per_tile, PREFETCH=launch.prefetch, TMA=launch.tma,
+        PAGES_PER_TILE=pages_per_tile, PREFETCH=launch.prefetch, TMA=tma,
         **launch.options())
     return out
 
@@ -593,7 +615,8 @@ def indexer_logits_ragged(q: torch.Tensor, weights: torch.Tensor, k: torch.Tenso
     if M == 0 or max_len == 0:
         return out
     k_desc = None
-    if launch.tma:
+    tma = launch.use_tma(dev, _tma_aligned(k, k.stride()))
+    if tma:
         k_desc = _key_descriptor(k, k.shape, k.stride(), (launch.block_n, D))
     per_prog, n_split = _launch_shape(M, max_len, launch, dev)
     _indexer_logits_kernel[(M, n_split)](
@@ -601,7 +624,7 @@ def indexer_logits_ragged(q: torch.Tensor, weights: torch.Tensor, k: torch.Tenso
         q.stride(0), q.stride(1), weights.stride(0), 0, 0, 0, k.stride(0), out.stride(0),
         max_len, per_prog,
         H=H, D=D, PAGE=1, BLOCK_N=launch.block_n, KV_FP8=is_fp8, PAGED=False,
-        PAGES_PER_TILE=0, PREFETCH=launch.prefetch, TMA=launch.tma, **launch.options())
+        PAGES_PER_TILE=0, PREFETCH=launch.prefetch, TMA=tma, **launch.options())
     return out
 
 

@@ -54,12 +54,14 @@ from harness.indexer_ref import indexer_logits_paged_ref, paged_transform_ref
 #: key buffers per program (5: 2, 7: 3, 9: 4); the TMA loads fit maxnreg=96 without spilling
 #: (5 programs per SM by registers; 41 KB shared each at 7 stages), the pointer loads spill.
 INDEXER_VARIANTS: Dict[str, IndexerLaunch] = {
-    "default": IndexerLaunch(),
-    "stages3": IndexerLaunch(num_stages=3),
-    "prefetch": IndexerLaunch(prefetch=True),
-    "stages7": IndexerLaunch(num_stages=7),
-    "stages9": IndexerLaunch(num_stages=9),
-    "n128_w8_pages2_stages7": IndexerLaunch(block_n=128, num_warps=8, num_stages=7),
+    "default": IndexerLaunch(),          # TMA where it works (tma=None), 5 stages
+    "stages3": IndexerLaunch(num_stages=3, tma=False),
+    "prefetch": IndexerLaunch(prefetch=True, tma=False),
+    "stages7": IndexerLaunch(num_stages=7, tma=False),
+    "stages9": IndexerLaunch(num_stages=9, tma=False),
+    "n128_w8_pages2_stages7": IndexerLaunch(block_n=128, num_warps=8, num_stages=7,
+                                             tma=False),
+    "pointer_loads": IndexerLaunch(tma=False),
     "tma": IndexerLaunch(tma=True),
     "tma_stages7": IndexerLaunch(tma=True, num_stages=7),
     "tma_stages9": IndexerLaunch(tma=True, num_stages=9),

@@ -77,8 +77,11 @@ def selection_contract_error(topk: np.ndarray, seq_lens: np.ndarray,
                              device_buffer_size: int) -> Optional[str]:
     """None when a selection (int ``[B, K]`` request-local positions, -1 padded; ``seq_lens``
     ``[B]``) is one upstream's kernel handles exactly: positions in ``[-1, seq_len)``, no
-    position twice in a row, and for short requests (``seq_len <= device_buffer_size``) no -1
-    before a valid entry. Otherwise the first violation, in words."""
+    position twice in a row; for short requests (``seq_len <= device_buffer_size``) no -1
+    before a valid entry; for long requests no -1 at all (the kernel's empty-hash key and its
+    hit marker are both -1, ``HASH_EMPTY == TOKEN_HIT``: a -1 entry is inserted as if empty and
+    its slot index can overwrite a real position's, a race; an indexer's top-k of a request
+    longer than ``top_k`` has no -1). Otherwise the first violation, in words."""
     t = np.asarray(topk, dtype=np.int64)
     n = np.asarray(seq_lens, dtype=np.int64)[:, None]
     bad = (t < -1) | (t >= n)
@@ -96,6 +99,11 @@ def selection_contract_error(topk: np.ndarray, seq_lens: np.ndarray,
         b = int(np.argwhere(gap)[0, 0])
         return (f"batch row {b} (a short request, seq_len <= {device_buffer_size}) has -1 before "
                 "a valid entry")
+    hole = ~valid & (n > device_buffer_size)
+    if hole.any():
+        b = int(np.argwhere(hole)[0, 0])
+        return (f"batch row {b} (a long request, seq_len > {device_buffer_size}) has a -1 entry "
+                "(upstream's kernel uses -1 as its empty-hash key and hit marker: it would race)")
     return None
 
 
