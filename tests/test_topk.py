@@ -75,9 +75,13 @@ def test_ties_and_infinities(device):
     assert pos[1].tolist() == list(range(k))
 
 
-def test_adversarial_sample_falls_back(device):
-    """High values exactly at the threshold kernel's sample positions: too few candidates,
-    the select kernel must fall back to the exact whole-row path and still be right."""
+@pytest.mark.parametrize("launch", [TopkLaunch(threshold_window=False), TopkLaunch(),
+                                    TopkLaunch(fuse_threshold=True)],
+                         ids=["exact_threshold", "windowed", "fused_windowed"])
+def test_adversarial_sample_falls_back(device, launch):
+    """High values exactly at the threshold's sample positions: too few candidates, the select
+    kernel must fall back to the exact whole-row path and still be right, whichever way the
+    threshold was found (exact quantile, the window, inside the scan)."""
     k, n = 8, 500
     cap = candidate_capacity(k)
     sample = min(2048, cap)
@@ -87,9 +91,10 @@ def test_adversarial_sample_falls_back(device):
     lengths = torch.tensor([n], dtype=torch.int32)
     lengths_d = lengths.to(device)
     plan = plan_topk(lengths_d, k, chunk_size=128)
-    pos = topk_per_row(logits.to(device), lengths_d, k, plan=plan)
+    pos = topk_per_row(logits.to(device), lengths_d, k, plan=plan, launch=launch)
     assert int(plan.counts.sum()) < k  # the sampled threshold really was too high
     assert_valid_topk(pos.cpu(), logits, lengths, k)
+    assert torch.equal(pos.cpu(), topk_ref(logits, lengths, k))
 
 
 def test_random_many_rows(device):
@@ -222,24 +227,6 @@ def test_threshold_variants_exact(name, device):
     # the candidate counts of the random long rows lie in [k, cap] (the fast path was taken)
     for b in (4, 5):
         assert k <= int(plan.counts[b].sum()) <= plan.cap
-
-
-def test_threshold_window_adversarial_falls_back(device):
-    """High values exactly at the sample positions (too few candidates): the windowed, fused
-    threshold still ends in the exact whole-row path."""
-    k, n = 8, 500
-    cap = candidate_capacity(k)
-    sample = min(2048, cap)
-    logits = torch.randn(1, n, generator=torch.Generator().manual_seed(12)) - 10.0
-    samp = (torch.arange(sample) * n) // sample
-    logits[0, samp] = 10.0 + torch.rand(sample, generator=torch.Generator().manual_seed(13))
-    lengths = torch.tensor([n], dtype=torch.int32)
-    lengths_d = lengths.to(device)
-    plan = plan_topk(lengths_d, k, chunk_size=128)
-    pos = topk_per_row(logits.to(device), lengths_d, k, plan=plan,
-                       launch=TopkLaunch(fuse_threshold=True, threshold_window=True))
-    assert int(plan.counts.sum()) < k
-    assert torch.equal(pos.cpu(), topk_ref(logits, lengths, k))
 
 
 def test_launch_validation():

@@ -282,30 +282,39 @@ def attention(run: BenchRun) -> None:
         return
     sz = QUICK if run.quick else FULL
     shapes = [s for s in sz.shapes if not args.shapes or s.name in args.shapes]
+    for fi, kv_dtype, lse_tol, shape, prob, cols in _problems(run, shapes, seed=1000):
+        if fi == 0:
+            run.measure(prob.convert, check=prob.check_slots,
+                        kernel="convert_req_index_to_global_index",
+                        **{k: cols[k] for k in ("case", "batch_size", "top_k", "page_size",
+                                                "context_len")})
+        for variant in shape.variants:
+            if args.variants and variant not in args.variants:
+                continue
+            kwargs = VARIANTS[variant]
+            for graph in run.graph_modes(not args.no_graph):
+                run.measure(lambda: sparse_mla_decode(prob.q, prob.pool.cache, prob.indices,
+                                                      SM_SCALE, prob.pool.d_v, **kwargs),
+                            check=lambda out: prob.check_attention(out, args.rel_tol, lse_tol),
+                            graph=graph, kernel="sparse_mla_decode", variant=variant,
+                            launch_config=json.dumps(kwargs, sort_keys=True), **cols)
+
+
+def _problems(run: BenchRun, shapes, seed: int):
+    """For each KV format of ``--formats`` (one pool of ``seed + i``, shared by its shapes) and
+    each shape (a problem of fresh queries and selections): ``(format index, kv_dtype, lse
+    tolerance, shape, problem, row columns)``. Pools and problems are freed as it moves on."""
+    args = run.args
+    sz = QUICK if run.quick else FULL
     b_max = max((s.batch for s in shapes), default=1)
     for fi, kv_dtype in enumerate(args.formats):
         pool = Pool(b_max, sz.pool_tokens, sz.page_size, sz.d_qk, sz.d_v, kv_dtype, run.device,
-                    seed=1000 + fi)
+                    seed=seed + fi)
         lse_tol = LSE_TOL[kv_dtype] if args.lse_tol is None else args.lse_tol
         for si, shape in enumerate(shapes):
             prob = DecodeProblem.draw(pool, shape.batch, shape.heads, shape.top_k,
-                                      seed=10_000 * (fi + 1) + 100 * si)
-            cols = {**prob.columns(), "case": shape.name}
-            if fi == 0:
-                run.measure(prob.convert, check=prob.check_slots,
-                            kernel="convert_req_index_to_global_index",
-                            **{k: cols[k] for k in ("case", "batch_size", "top_k", "page_size",
-                                                    "context_len")})
-            for variant in shape.variants:
-                if args.variants and variant not in args.variants:
-                    continue
-                kwargs = VARIANTS[variant]
-                for graph in run.graph_modes(not args.no_graph):
-                    run.measure(lambda: sparse_mla_decode(prob.q, pool.cache, prob.indices,
-                                                          SM_SCALE, pool.d_v, **kwargs),
-                                check=lambda out: prob.check_attention(out, args.rel_tol, lse_tol),
-                                graph=graph, kernel="sparse_mla_decode", variant=variant,
-                                launch_config=json.dumps(kwargs, sort_keys=True), **cols)
+                                      seed=10 * seed * (fi + 1) + 100 * si)
+            yield fi, kv_dtype, lse_tol, shape, prob, {**prob.columns(), "case": shape.name}
             del prob
         del pool
         if run.cuda:
@@ -315,27 +324,14 @@ def attention(run: BenchRun) -> None:
 def tune(run: BenchRun) -> None:
     """The ``--tune`` rows (module doc), then the summary table (:func:`tune_summary`)."""
     args = run.args
-    sz = QUICK if run.quick else FULL
     grid = [t for t in (TUNE_QUICK if run.quick else TUNE) if not args.shapes or t.name in args.shapes]
-    b_max = max((t.batch for t in grid), default=1)
-    for fi, kv_dtype in enumerate(args.formats):
-        pool = Pool(b_max, sz.pool_tokens, sz.page_size, sz.d_qk, sz.d_v, kv_dtype, run.device,
-                    seed=2000 + fi)
-        lse_tol = LSE_TOL[kv_dtype] if args.lse_tol is None else args.lse_tol
-        for si, shape in enumerate(grid):
-            prob = DecodeProblem.draw(pool, shape.batch, shape.heads, shape.top_k,
-                                      seed=20_000 * (fi + 1) + 100 * si)
-            cols = {**prob.columns(), "case": shape.name}
-            peer = _flashmla_row(run, prob, cols, args.rel_tol)
-            for name, kwargs, formats in shape.variants:
-                if kv_dtype not in formats or (args.variants and name not in args.variants):
-                    continue
-                row = _tuned_row(run, prob, name, kwargs, cols, args.rel_tol, lse_tol)
-                run.compare(row, peer)
-            del prob
-        del pool
-        if run.cuda:
-            torch.cuda.empty_cache()
+    for _, kv_dtype, lse_tol, shape, prob, cols in _problems(run, grid, seed=2000):
+        peer = _flashmla_row(run, prob, cols, args.rel_tol)
+        for name, kwargs, formats in shape.variants:
+            if kv_dtype not in formats or (args.variants and name not in args.variants):
+                continue
+            row = _tuned_row(run, prob, name, kwargs, cols, args.rel_tol, lse_tol)
+            run.compare(row, peer)
     print(f"\n== attention --tune: fastest correct variant per shape ==\n"
           f"{format_table(tune_summary(run.rows), SUMMARY_TABLE)}", flush=True)
 
