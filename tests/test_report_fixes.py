@@ -171,16 +171,19 @@ def test_peers_compare_kernel_with_kernel_and_the_call_on_a_second_row(capsys):
     assert set(df["status"]) == {"ok"}
     printed = capsys.readouterr().out
     for case, g in df.groupby("case"):
-        by = g.set_index("kernel")
-        ours, call, kernel = (by.loc[k] for k in ("swap_in_selected_pages", "sglang_model_call",
-                                                   "sglang_model_kernel"))
-        assert ours["peer"] == "sglang_model_kernel"
-        assert ours["ratio_to_peer"] == pytest.approx(ours["latency_us_median"] / kernel["latency_us_median"])
+        call, kernel = (g[g["kernel"] == k].iloc[0] for k in ("sglang_model_call",
+                                                              "sglang_model_kernel"))
         assert call["peer"] == "sglang_model_kernel"
         assert call["ratio_to_peer"] == pytest.approx(call["latency_us_median"] / kernel["latency_us_median"])
         assert pd.isna(kernel["peer"])
-        line = next(ln for ln in printed.splitlines() if ln.startswith(f"[peers] {case}: "))
-        r_kernel = ours["latency_us_median"] / kernel["latency_us_median"]
-        r_call = ours["latency_us_median"] / call["latency_us_median"]
-        assert (f"ours / sglang_model_kernel = {r_kernel:.2f} (the comparison); "
-                f"ours / sglang_model_call = {r_call:.2f}") in line
+        mine = g[g["kernel"] == "swap_in_selected_pages"]
+        assert sorted(mine["lru_order"]) == ["position", "upstream"]    # a row of ours per order
+        for _, ours in mine.iterrows():
+            assert ours["peer"] == "sglang_model_kernel"
+            assert ours["ratio_to_peer"] == pytest.approx(ours["latency_us_median"] / kernel["latency_us_median"])
+            line = next(ln for ln in printed.splitlines()
+                        if ln.startswith(f"[peers] {case} lru_order={ours['lru_order']}: "))
+            r_kernel = ours["latency_us_median"] / kernel["latency_us_median"]
+            r_call = ours["latency_us_median"] / call["latency_us_median"]
+            assert (f"ours / sglang_model_kernel = {r_kernel:.2f} (the comparison); "
+                    f"ours / sglang_model_call = {r_call:.2f}") in line
