@@ -73,6 +73,26 @@ def test_local_gpus_gives_the_sequential_rows_each_point_on_its_own_slot(tmp_pat
 
 
 @simulated_slots
+def test_submitit_local_gives_the_sequential_rows(tmp_path):
+    """The same 4-point sweep through hydra-submitit-launcher's local executor (each point a
+    submitit job in a process of its own): the sequential launcher's rows, the report once."""
+    seq = harness(*SWEEP, "report=true", f"hydra.sweep.dir={tmp_path / 'seq'}")
+    assert seq.returncode == 0, (seq.stdout[-3000:], seq.stderr[-3000:])
+    sub = harness(*SWEEP, "report=true", f"hydra.sweep.dir={tmp_path / 'sub'}",
+                  "hydra/launcher=submitit_local")
+    assert sub.returncode == 0, (sub.stdout[-3000:], sub.stderr[-3000:])
+    a, b = rows(tmp_path / "seq"), rows(tmp_path / "sub")
+    assert len(a) == 4 and list(a.index) == list(b.index)
+    pd.testing.assert_frame_equal(a[SAME], b[SAME])
+    assert set(b["status"]) == {"ok"} and b["gpu_slot"].isna().all()
+    jobs = [p for p in (tmp_path / "sub" / ".submitit").iterdir() if p.name.isdigit()]
+    assert len(jobs) == 4                      # one submitit job (a process) per point
+    assert (tmp_path / "sub" / "report" / "report.md").exists()
+    out = sub.stdout + sub.stderr
+    assert out.count(f"report: {tmp_path / 'sub'}") == 1, out[-3000:]
+
+
+@simulated_slots
 def test_local_gpus_with_one_slot_runs_in_the_sweep_process(tmp_path):
     """Default ``gpus`` on the CPU: one simulated slot, joblib runs the points inline."""
     r = harness("-m", "top_k=16,32", "device=cpu", "model=tiny", "context_len=64", "steps=2",

@@ -99,21 +99,6 @@ def _lower_bound(table_ptr, n, key, STEPS: tl.constexpr):
 
 
 @triton.jit
-def selection_units(pos, valid, skip, seq, D, UNIT: tl.constexpr):
-    """The units of a selection block and what the resolve needs of the request: ``unit``
-    (``pos // UNIT``, -1 where not ``valid``), ``is_long`` (scalar: ``seq > D``) and ``long_blk``
-    (the same as a block), ``is_newest`` (the entry is the newest unit of a long request, served
-    by the reserved page, not the LRU)."""
-    unit = tl.where(valid, pos // UNIT, -1)
-    # (block & scalar-bool is avoided: the Triton interpreter mistypes it)
-    is_long = seq > D
-    long_blk = (pos * 0 + seq) > D
-    newest_unit = tl.where(is_long, (seq - 1) // UNIT, -2)
-    is_newest = valid & ~skip & (unit == newest_unit)
-    return unit, is_long, long_blk, is_newest
-
-
-@triton.jit
 def resolve_position_order(
     pos, valid, skip, seq, row, base,
     slot_unit_ptr, lru_ptr, host_page_row_ptr, plan, scr,
@@ -131,7 +116,12 @@ def resolve_position_order(
 
     # ---- 1. selection -> sorted unique units (the newest unit of a long request is excluded) --
     offs = tl.arange(0, K_PAD)
-    unit, is_long, long_blk, is_newest = selection_units(pos, valid, skip, seq, D, UNIT)
+    unit = tl.where(valid, pos // UNIT, -1)
+    # (block & scalar-bool is avoided: the Triton interpreter mistypes it)
+    is_long = seq > D
+    long_blk = (pos * 0 + seq) > D
+    newest_unit = tl.where(is_long, (seq - 1) // UNIT, -2)
+    is_newest = valid & ~skip & (unit == newest_unit)
     key = tl.where(valid & ~skip & ~is_newest, unit, SENTINEL)
     srt = sort_ascending(key, K_PAD, LOG_K_PAD)
     tl.store(s_sorted + offs, srt)
@@ -221,7 +211,11 @@ def resolve_upstream_order(
 
     # ---- 1. stamps: each unit's first entry (the newest unit of a long request is excluded) ---
     offs = tl.arange(0, K_PAD)
-    unit, is_long, long_blk, is_newest = selection_units(pos, valid, skip, seq, D, UNIT)
+    unit = tl.where(valid, pos // UNIT, -1)
+    is_long = seq > D
+    long_blk = (pos * 0 + seq) > D
+    newest_unit = tl.where(is_long, (seq - 1) // UNIT, -2)
+    is_newest = valid & ~skip & (unit == newest_unit)
     # units past the stamp table (seq_len beyond the coordinator's maximum) take no part
     live = valid & ~skip & ~is_newest & (unit < N_UNITS)
     tl.store(s_key + offs, tl.where(live, unit, -1))
