@@ -204,26 +204,15 @@ def _limit(v: int) -> Optional[int]:
     return None if v == resource.RLIM_INFINITY else int(v)
 
 
-def _host_total_bytes() -> Optional[int]:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 def memory_items() -> List[Item]:
     import torch
-    from harness.memory import free_bytes, host_available_bytes
+    from harness.memory import free_bytes, host_available_bytes, meminfo_bytes
     soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     soft, hard = _limit(soft), _limit(hard)
     fmt = lambda v: "unlimited" if v is None else _gib(v)  # noqa: E731
     items = [Item("memory", "memlock", "info", f"RLIMIT_MEMLOCK (ulimit -l) soft {fmt(soft)}, hard {fmt(hard)}",
                   {"soft_bytes": soft, "hard_bytes": hard})]
-    avail, total = host_available_bytes(), _host_total_bytes()
+    avail, total = host_available_bytes(), meminfo_bytes("MemTotal")
     try:
         from harness.scenarios.capacity import HOST_FRACTION
         budget = f" (scenario=capacity's default host budget: {HOST_FRACTION:.0%} of it)"

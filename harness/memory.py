@@ -2,19 +2,28 @@
 recorded as ``status=oom`` instead of failing mid-way or swapping the machine)."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
+
+
+def meminfo_bytes(field: str) -> Optional[int]:
+    """A ``/proc/meminfo`` field of this Linux host (e.g. ``MemTotal``) in bytes; None where it
+    cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith(f"{field}:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def host_available_bytes() -> int:
     """MemAvailable of this Linux host (bytes); a very large number where it cannot be read."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 1 << 62
+    avail = meminfo_bytes("MemAvailable")
+    return 1 << 62 if avail is None else avail
 
 
 def free_bytes(device: torch.device) -> int:

@@ -49,7 +49,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from backends.copy_engines import COPY_ENGINES, UVA_CUDA_LAUNCH, UvaKernelEngine
+from backends.copy_engines import (COPY_ENGINES, UVA_CUDA_LAUNCH, UvaKernelEngine,
+                                   uva_engine_per_sm)
 from backends.hisparse_coordinator import HiSparseCoordinator
 from harness import results
 from harness.bench.measure import NAN, BenchRun, Check, exact
@@ -561,11 +562,9 @@ def gather_host_rows(dist: str, rng: np.random.Generator, pool_rows: int, n: int
     raise ValueError(f"gather distribution must be one of {GATHER_DISTS}, got {dist!r}")
 
 
-def gather_engine(variant: str, sm_count: int) -> UvaKernelEngine:
-    """The ``UvaKernelEngine`` of a ``GATHER_VARIANTS`` entry on a GPU of ``sm_count`` SMs."""
-    kw = dict(GATHER_VARIANTS[variant])
-    per_sm = int(kw.pop("programs_per_sm", 0))
-    return UvaKernelEngine(programs=per_sm * sm_count, **kw)
+def gather_engine(variant: str, device: torch.device) -> UvaKernelEngine:
+    """The ``UvaKernelEngine`` of a ``GATHER_VARIANTS`` entry on ``device``."""
+    return uva_engine_per_sm(device, **GATHER_VARIANTS[variant])
 
 
 class GatherCase:
@@ -609,8 +608,6 @@ def gather(run: BenchRun, sz: Sizes) -> None:
     count at every pool (random rows, default variant); every distribution at the middle row
     count."""
     print(f"[swap_in] host: {host_facts(run.device)}", flush=True)
-    sms = (torch.cuda.get_device_properties(run.device).multi_processor_count if run.cuda
-           else 2)
     mid = sz.gather_rows[len(sz.gather_rows) // 2]
     allocs = [a for a in run.args.host_alloc if a == "pinned" or run.cuda]
     if allocs != list(run.args.host_alloc):
@@ -638,7 +635,7 @@ def gather(run: BenchRun, sz: Sizes) -> None:
             cases += [(mid, d, "default") for d in GATHER_DISTS if d != "random"]
             cases += [(mid, "random_cpu_read", "default")]
             for n, case, variant in cases:
-                engine = gather_engine(variant, sms)
+                engine = gather_engine(variant, run.device)
                 dist = case.replace("_cpu_read", "")
                 for rep in range(sz.gather_runs):
                     rng = np.random.default_rng([pool_rows, n, GATHER_DISTS.index(dist), rep])
@@ -692,8 +689,6 @@ def context(run: BenchRun, sz: Sizes) -> None:
     coordinator's host pool is replaced (before loading) by a ``HostPool`` of the same shape."""
     B, K = sz.context_batch, sz.top_k
     reqs = list(range(B))
-    sms = (torch.cuda.get_device_properties(run.device).multi_processor_count if run.cuda
-           else 2)
     allocs = [a for a in run.args.host_alloc if a == "pinned" or run.cuda]
     for alloc in allocs:
         for S in sz.context_lens:
@@ -768,7 +763,7 @@ def context(run: BenchRun, sz: Sizes) -> None:
                         check=lambda _: verdict(), kernel="resolve_selection",
                         **{**cols, "tokens_loaded": None, "bytes_h2d": None})
             for variant in sz.context_variants:
-                c.engine = gather_engine(variant, sms)
+                c.engine = gather_engine(variant, run.device)
                 launch = dict(variant=variant, launch_config=json.dumps(c.engine.launch_config()))
                 run.measure(lambda: c.copy_planned_misses(0),
                             setup=lambda: restore(resolve=True),
