@@ -424,7 +424,7 @@ class IndexerLaunch:
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 5
-    max_tokens_per_program: int = 2048
+    max_tokens_per_program: int = 4096
     tile_in_page: bool = True
     maxnreg: Optional[int] = None
     prefetch: bool = False

@@ -68,7 +68,7 @@ import triton.language as tl
 
 SAMPLE_MAX = 2048
 """Sample size of the threshold kernel (capped at CAP)."""
-MIN_CHUNK = 8192
+MIN_CHUNK = 4096
 """Smallest chunk a long row is split into (per scan program)."""
 
 ALGORITHMS = ("sample", "radix")
@@ -93,7 +93,9 @@ class TopkLaunch:
     ``"radix"`` (the multi-program window-histogram select, module docstring); both exact and
     bit-identical. radix_bits: bits resolved per step of the sample path's k-th-key radix
     search (1, 2 or 4; 1 measured fastest); scan_block_max: elements per loop iteration of the
-    scan / histogram / collect / output kernels (and the select kernel's block cap);
+    scan / histogram / collect / output kernels, at most (the sample path's scan takes less
+    when a chunk would otherwise run fewer than ``scan_stages`` iterations; also the select
+    kernel's block cap);
     select_warps / select_stages, scan_warps / scan_stages: Triton's, per kernel (the radix
     path's per-row window kernel takes select_warps, its chunk kernels scan_warps / scan_stages).
     fuse_threshold ("sample" only): every scan program computes its row's sample threshold
@@ -886,7 +888,7 @@ def launch_topk(logits: torch.Tensor, lengths: torch.Tensor, top_k: int, plan: T
         _topk_scan_kernel[(B, plan.max_chunks)](
             logits, logits.stride(0), N, lengths, plan.row_chunks, plan.thresholds,
             plan.candidates, plan.counts, plan.chunk_size, plan.max_chunks, target,
-            CAP=plan.cap, BLOCK=min(launch.scan_block_max, plan.chunk_size),
+            CAP=plan.cap, BLOCK=_sample_scan_block(launch, plan),
             FUSE_THRESHOLD=launch.fuse_threshold, SAMPLE=plan.sample,
             RADIX_BITS=launch.radix_bits, WINDOW=launch.threshold_window,
             num_warps=launch.scan_warps, num_stages=launch.scan_stages)
@@ -898,6 +900,14 @@ def launch_topk(logits: torch.Tensor, lengths: torch.Tensor, top_k: int, plan: T
         BLOCK=min(launch.scan_block_max, plan.cap), RADIX_BITS=launch.radix_bits,
         num_warps=_select_warps(launch, plan), num_stages=launch.select_stages)
     return out
+
+
+def _sample_scan_block(launch: TopkLaunch, plan: TopkPlan) -> int:
+    """Elements per iteration of the sample path's scan: at most ``scan_block_max``, and small
+    enough that a chunk takes ``scan_stages`` iterations, so the software pipeline fills (H200,
+    B=64, 32K: 4096-element chunks in 1024-element blocks 43.0 us, in 2048-element blocks
+    46.8 us; 128K: 16384-element chunks unchanged)."""
+    return min(launch.scan_block_max, max(16, plan.chunk_size // launch.scan_stages))
 
 
 def _select_warps(launch: TopkLaunch, plan: TopkPlan) -> int:

@@ -70,6 +70,17 @@ INDEXER_VARIANTS: Dict[str, IndexerLaunch] = {
                                             programs_per_sm=5),
     "tma_prefetch_stages7_reg96_pps5": IndexerLaunch(tma=True, prefetch=True, num_stages=7,
                                                      maxnreg=96, programs_per_sm=5),
+    # the program shape with TMA (32K: 1024 programs of 2048 tokens by default)
+    "tma_tpp1024": IndexerLaunch(tma=True, tokens_per_program=1024),
+    "tma_tpp2048": IndexerLaunch(tma=True, tokens_per_program=2048),
+    "tma_stages4": IndexerLaunch(tma=True, num_stages=4),
+    "tma_stages6": IndexerLaunch(tma=True, num_stages=6),
+    "tma_prefetch": IndexerLaunch(tma=True, prefetch=True),
+    "tma_tpp4096": IndexerLaunch(tma=True, tokens_per_program=4096),
+    "tma_tpp8192": IndexerLaunch(tma=True, tokens_per_program=8192),
+    "tma_n128_w8": IndexerLaunch(tma=True, block_n=128, num_warps=8),
+    "tma_n128_w8_tpp4096": IndexerLaunch(tma=True, block_n=128, num_warps=8,
+                                         tokens_per_program=4096),
 }
 #: top-k launch variants timed with --tune (the default: the windowed sample threshold)
 TOPK_VARIANTS: Dict[str, TopkLaunch] = {
