@@ -191,12 +191,16 @@ def test_gpu_dsv32_size(ctx):
     assert torch.equal(pos.cpu(), topk_ref(tied.cpu(), lengths.cpu(), k))
 
 
-#: the top-k launch variants that change the threshold path (the bench times them)
+#: the top-k launch variants that change the threshold path or the k-th-key search (radix
+#: select by 2- or 4-bit digit histograms instead of a bisection; the bench times them)
 THRESHOLD_VARIANTS = {
     "exact_threshold": TopkLaunch(threshold_window=False),
     "fused": TopkLaunch(fuse_threshold=True, threshold_window=False),
     "window": TopkLaunch(),
     "fused_window": TopkLaunch(fuse_threshold=True),
+    "radix_bits2": TopkLaunch(radix_bits=2),
+    "radix_bits4": TopkLaunch(radix_bits=4),
+    "exact_threshold_radix_bits4": TopkLaunch(threshold_window=False, radix_bits=4),
 }
 RADIX = TopkLaunch(algorithm="radix")
 

@@ -173,29 +173,35 @@ def _order_key(v):
 
 
 @triton.jit
+def _common_prefix(key):
+    """``(T, nbits)``: the high bits the counted keys (``key > 0``) share, with the ``nbits``
+    low bits below them zero (a float conversion bounds the highest differing bit from above;
+    over-estimating only costs a step)."""
+    kmax = tl.max(key, axis=0)
+    kmin = tl.min(tl.where(key > 0, key, kmax), axis=0)
+    diff = (kmax ^ kmin).to(tl.float32)
+    nbits = tl.where(kmax == kmin, 0,
+                     ((diff.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 126)
+    nbits = tl.minimum(nbits, 32)
+    top = tl.full([], 1, tl.uint32) << (tl.maximum(nbits, 1) - 1).to(tl.uint32)
+    low = tl.where(nbits > 0, top + (top - 1), 0)  # bits [0, nbits), all-uint32 math
+    return kmax & ~low, nbits
+
+
+@triton.jit
 def _kth_largest_key(key, k, BITS: tl.constexpr):
     """Largest uint32 ``T`` with ``count(key >= T) >= k`` (= the k-th largest key).
 
     Entries to ignore must carry key 0: every probe is >= 1, so they are never counted (no real
-    float maps to 0; only the negative NaN ``0xFFFFFFFF`` would). Radix search from the top,
-    ``BITS`` bits per step: 1 = a plain bisection (32 block reductions); 2 or 4 count all
-    ``2^BITS`` extensions of the prefix per step (fewer, wider reductions).
+    float maps to 0; only the negative NaN ``0xFFFFFFFF`` would). Only the bits below the common
+    prefix of the counted keys are searched (``_common_prefix``). ``BITS`` 1: a bisection (one
+    block count per bit); 2 or 4: a radix select, one ``BITS``-bit digit per step from the top:
+    a histogram of the digit over the keys that match the prefix found so far, the largest digit
+    whose keys at or above it still reach the rank, the rank reduced by the keys above it.
     """
-    T = tl.zeros([], dtype=tl.uint32)
+    T, nbits = _common_prefix(key)
     if BITS == 1:
-        # T lies in [min, max] of the counted keys, so it shares their common high bits: only
-        # the bits below the highest differing one are searched (a float conversion bounds
-        # its position from above; over-estimating only costs a step)
-        kmax = tl.max(key, axis=0)
-        kmin = tl.min(tl.where(key > 0, key, kmax), axis=0)
-        diff = (kmax ^ kmin).to(tl.float32)
-        nbits = tl.where(kmax == kmin, 0,
-                         ((diff.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 126)
-        nbits = tl.minimum(nbits, 32)
-        top = tl.full([], 1, tl.uint32) << (tl.maximum(nbits, 1) - 1).to(tl.uint32)
-        low = tl.where(nbits > 0, top + (top - 1), 0)  # bits [0, nbits), all-uint32 math
-        T = kmax & ~low
-        bit = tl.where(nbits > 0, top, 0)
+        bit = tl.where(nbits > 0, tl.full([], 1, tl.uint32) << (tl.maximum(nbits, 1) - 1).to(tl.uint32), 0)
         for _ in range(0, nbits):
             cand = T | bit
             cnt = tl.sum((key >= cand).to(tl.int32), axis=0)
@@ -203,12 +209,24 @@ def _kth_largest_key(key, k, BITS: tl.constexpr):
             bit = bit >> 1
     else:
         NB: tl.constexpr = 1 << BITS
-        j = tl.arange(0, NB).to(tl.uint32)
-        sh = tl.full([], 32 - BITS, tl.uint32)
-        for _ in range(32 // BITS):
-            cand = T | (j << sh)  # [NB]
-            cnt = tl.sum((key[:, None] >= cand[None, :]).to(tl.int32), axis=0)  # non-increasing
-            T = T | (tl.max(tl.where(cnt >= k, j, 0), axis=0) << sh)
+        bins = tl.arange(0, 2 * NB)
+        steps = (nbits + BITS - 1) // BITS
+        sh = (steps * BITS - BITS).to(tl.uint32)
+        # bits of T decided so far (the prefix above the first digit)
+        fixed = ~((tl.full([], 1, tl.uint32) << (sh + BITS)) - 1)
+        fixed = tl.where(steps * BITS >= 32, tl.zeros([], dtype=tl.uint32), fixed)
+        T = T & fixed
+        need = k
+        for _ in range(0, steps):
+            match = (key > 0) & ((key & fixed) == T)
+            digit = ((key >> sh) & (NB - 1)).to(tl.int32)
+            h = tl.histogram(tl.where(match, digit, NB), 2 * NB)   # bins >= NB: not matching
+            h = tl.where(bins < NB, h, 0)
+            ge = tl.sum(h, axis=0) - tl.cumsum(h, axis=0) + h       # matching keys, digit >= d
+            d = tl.max(tl.where((bins < NB) & (ge >= need), bins, 0), axis=0)
+            need = need - tl.sum(tl.where(bins > d, h, 0), axis=0)
+            T = T | (d.to(tl.uint32) << sh)
+            fixed = fixed | (tl.full([], NB - 1, tl.uint32) << sh)
             sh = sh - BITS
     return T
 
@@ -250,15 +268,8 @@ def _windowed_rank_key(key, r_lo, r_hi):
     ``_kth_largest_key``) whose count lies in ``[r_lo, r_hi]``, else the ``r_lo``-th largest
     key. Entries to ignore carry key 0 (never counted); needs ``r_lo <=`` the counted entries.
     """
-    kmax = tl.max(key, axis=0)
-    kmin = tl.min(tl.where(key > 0, key, kmax), axis=0)
-    diff = (kmax ^ kmin).to(tl.float32)
-    nbits = tl.where(kmax == kmin, 0, ((diff.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 126)
-    nbits = tl.minimum(nbits, 32)
-    top = tl.full([], 1, tl.uint32) << (tl.maximum(nbits, 1) - 1).to(tl.uint32)
-    low = tl.where(nbits > 0, top + (top - 1), 0)
-    T = kmin & ~low  # count(key >= T) = every counted entry
-    bit = tl.where(nbits > 0, top, 0)
+    T, nbits = _common_prefix(key)  # count(key >= T) = every counted entry
+    bit = tl.where(nbits > 0, tl.full([], 1, tl.uint32) << (tl.maximum(nbits, 1) - 1).to(tl.uint32), 0)
     steps = nbits
     while steps > 0:
         cand = T | bit

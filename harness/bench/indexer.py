@@ -90,6 +90,11 @@ TOPK_VARIANTS: Dict[str, TopkLaunch] = {
     "scan_b4096_w8_s3": TopkLaunch(scan_block_max=4096, scan_warps=8, scan_stages=3),
     "scan_b1024": TopkLaunch(scan_block_max=1024),
     "scan_b1024_w2": TopkLaunch(scan_block_max=1024, scan_warps=2),
+    # the k-th-key search as a radix select on digit histograms (2 or 4 bits a step)
+    "bits2": TopkLaunch(radix_bits=2),
+    "bits4": TopkLaunch(radix_bits=4),
+    "bits4_select_w16": TopkLaunch(radix_bits=4, select_warps=16),
+    "bits4_exact_threshold": TopkLaunch(radix_bits=4, threshold_window=False),
     # issue #13: the threshold inside the scan kernel (exact / windowed sample search)
     "fused": TopkLaunch(fuse_threshold=True, threshold_window=False),
     "fused_window": TopkLaunch(fuse_threshold=True),
