@@ -201,6 +201,9 @@ THRESHOLD_VARIANTS = {
     "radix_bits2": TopkLaunch(radix_bits=2),
     "radix_bits4": TopkLaunch(radix_bits=4),
     "exact_threshold_radix_bits4": TopkLaunch(threshold_window=False, radix_bits=4),
+    # scan blocks of chunk_size // scan_stages rounded down to a power of two (128 // 3 -> 32)
+    "scan_stages3": TopkLaunch(scan_stages=3),
+    "scan_stages5_block4096": TopkLaunch(scan_stages=5, scan_block_max=4096),
 }
 RADIX = TopkLaunch(algorithm="radix")
 
