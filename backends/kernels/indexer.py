@@ -403,7 +403,8 @@ class IndexerLaunch:
     """Launch configuration of the indexer kernel; the defaults were measured on an H200
     (``python -m harness.bench run indexer --variants`` times ``INDEXER_VARIANTS``; B=64, fp8
     keys, page 64: num_stages 5 gave 45 / 56 / 64 % of the copy ceiling at 8K / 32K / 128K
-    where 3 gave 41 / 49 / 54 %).
+    where 3 gave 41 / 49 / 54 %; with TMA key loads, programs of up to 4096 tokens 70 / 78 % at
+    32K / 128K where 2048 gave 67 / 77 %).
 
     block_n: tokens per tile (the MMA's M dimension); num_warps, num_stages: Triton's;
     max_tokens_per_program: most tokens one program scores; tile_in_page: page addressing by
