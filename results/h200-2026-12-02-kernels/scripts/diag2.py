@@ -19,6 +19,7 @@ for B in (1, 64):
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import resolve_exp
+from topk_breakdown import problem
 ns = vars(resolve_exp)
 for B in (1, 64):
     s = ns["state"](B)
@@ -63,11 +64,7 @@ def sel_exp(logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, cand_ptr, cnt_ptr
 
 for ctx in (32768, 131072):
     B, k = 64, 2048
-    torch.manual_seed(ctx)
-    logits = torch.randn(B, ctx, device="cuda")
-    lengths = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
-    plan = T.plan_topk(lengths, k, max_len=ctx)
-    out = torch.empty(B, k, dtype=torch.int32, device="cuda")
+    logits, lengths, plan, out = problem(ctx)
     T.launch_topk(logits, lengths, k, plan, out)
     ref = out.clone()
     for mode in (0, 1, 2):

@@ -1,21 +1,9 @@
 """Scan / full top-k time vs chunk size and scan warps (B=64)."""
-import torch
+import os, sys, torch
 from backends.kernels import topk as T
 from harness.timing import time_fn, capture_graph
-
-def stages(logits, lengths, k, plan, out, L, upto):
-    B, N = logits.shape
-    target = min(2 * k, (k + plan.cap) // 2)
-    T._topk_threshold_kernel[(B,)](logits, logits.stride(0), N, lengths, plan.thresholds, target,
-        CAP=plan.cap, SAMPLE=plan.sample, RADIX_BITS=L.radix_bits, WINDOW=L.threshold_window, num_warps=4)
-    if upto >= 2:
-        T._topk_scan_kernel[(B, plan.max_chunks)](logits, logits.stride(0), N, lengths, plan.row_chunks,
-            plan.thresholds, plan.candidates, plan.counts, plan.chunk_size, plan.max_chunks, target,
-            CAP=plan.cap, BLOCK=min(L.scan_block_max, plan.chunk_size), FUSE_THRESHOLD=False,
-            SAMPLE=plan.sample, RADIX_BITS=L.radix_bits, WINDOW=L.threshold_window,
-            num_warps=L.scan_warps, num_stages=L.scan_stages)
-    if upto >= 3:
-        T.launch_topk(logits, lengths, k, plan, out, launch=L)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from topk_breakdown import problem, stages
 
 def tg(fn):
     fn(); torch.cuda.synchronize(); g, _ = capture_graph(fn)
@@ -23,9 +11,7 @@ def tg(fn):
 rows = []
 for ctx in (32768, 131072):
     B, k = 64, 2048
-    torch.manual_seed(ctx)
-    logits = torch.randn(B, ctx, device="cuda")
-    lengths = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
+    logits, lengths, _, _ = problem(ctx)
     ref = torch.topk(logits, k, dim=1).indices.sort(dim=1).values.to(torch.int32)
     for chunk in (1024, 2048, 4096, 8192, 16384):
         plan = T.plan_topk(lengths, k, max_len=ctx, chunk_size=chunk)
