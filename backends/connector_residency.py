@@ -39,6 +39,8 @@ from typing import Sequence
 
 import numpy as np
 
+from backends.kernels.swap_in import resolve_scratch_width
+
 #: sealed pages this close to a request's block-table tail stay resident (vLLM's ACTIVE_TAIL_PAGES)
 ACTIVE_TAIL_PAGES = 2
 #: device and host pools hold a multiple of this many rows
@@ -129,13 +131,13 @@ def metadata_bytes(*, batch: int, max_pages: int, state_rows: int, top_k: int,
     """Device bytes of the bookkeeping: residency and host tables ``[batch, max_pages]`` and hot
     state ``[batch]`` (int32), per layer slot map and LRU ``[state_rows, D]`` (int32), output
     rows ``[batch, top_k]`` (int32) and counts ``[batch, num_counts]`` (int64), and one miss plan
-    ``[state_rows, 1 + 2 top_k]`` and resolve scratch ``[state_rows, 2 k_pad + 2 D + max_pages *
-    page_size]`` (int32; ``backends.kernels.swap_in.resolve_scratch_width``)."""
+    ``[state_rows, 1 + 2 top_k]`` and resolve scratch ``[state_rows, resolve_scratch_width(k_pad,
+    D, max_pages * page_size, upstream=True)]`` (int32)."""
     D, L = device_buffer_size, num_layers
+    scratch = resolve_scratch_width(k_pad(top_k), D, max_pages * page_size, upstream=True)
     return (_I32 * (2 * batch * max_pages + batch)
             + L * (_I32 * 2 * state_rows * D + _I32 * batch * top_k + _I64 * batch * num_counts)
-            + _I32 * state_rows * (1 + 2 * top_k + 2 * k_pad(top_k) + 2 * D
-                                   + max_pages * page_size))
+            + _I32 * state_rows * (1 + 2 * top_k + scratch))
 
 
 def connector_layout(max_positions: Sequence[int], *, top_k: int, page_size: int, row_bytes: int,
