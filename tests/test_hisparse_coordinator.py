@@ -320,7 +320,7 @@ def test_declared_footprint_is_what_it_allocates(gran, order):
     assert HiSparseCoordinator.footprint_of(**kw) == (dev, c.host_kv.numel())
     unit = 8 if gran == "page" else 1
     C = 48 // unit
-    width = 2 * 16 + 2 * C + -(-1000 // unit) if order == "upstream" else 3 * 16 + C
+    width = C + 2 * -(-1000 // unit) if order == "upstream" else 3 * 16 + C
     assert tuple(c.scratch.shape) == (5, width) and c.scratch.dtype == torch.int32
 
 

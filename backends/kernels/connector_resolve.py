@@ -74,8 +74,8 @@ def connector_resolve_kernel(
       out_ptr        [B, K] int32       physical row in the device pool of each entry, -1 for -1
       plan_ptr       [H, 1 + 2*K] int32 miss plan of the hot row (count, host rows, device rows)
       counts_ptr     [B, 5] int64       CONNECTOR_COUNT_FIELDS
-    Scratch: [H, 2*K_PAD + 2*D + MAX_POSITIONS] int32 (``resolve_scratch_width``; positions of
-    a row are below ``MAX_POSITIONS``, the stamp table's size). Hot region of state row ``h``: device rows
+    Scratch: [H, D + 2*MAX_POSITIONS] int32 (``resolve_scratch_width``; positions of a row are
+    below ``MAX_POSITIONS``, the stamp table's size). Hot region of state row ``h``: device rows
     ``HOT_BASE + h * HOT_STRIDE ..``: ``D`` LRU rows, then the newest token's reserved row.
     """
     b = tl.program_id(0)
@@ -100,13 +100,13 @@ def connector_resolve_kernel(
         base = HOT_BASE + h * HOT_STRIDE
         scr = scratch_ptr + h.to(tl.int64) * scratch_stride
         plan = plan_ptr + h.to(tl.int64) * plan_stride
-        unit, ref, is_newest, long_blk, is_long, n_uniq, n_hit, n_miss, newest_hit, overflow = \
+        unit, slot, is_newest, long_blk, is_long, n_uniq, n_hit, n_miss, newest_hit, overflow = \
             resolve_upstream_order(
                 pos, valid, resident, seq, h.to(tl.int64) * D, base, slot_pos_ptr, lru_ptr,
                 host_table_ptr + b.to(tl.int64) * host_table_stride, plan, scr, K, D, D, K,
                 MAX_POSITIONS, UNIT=1, PAGE=PAGE, K_PAD=K_PAD, BLOCK_C=BLOCK_C)
-        hot = hot_buffer_rows(pos, ref, valid, is_newest, is_long, overflow, base, scr, D,
-                              UNIT=1, PAGE=PAGE, PAGE_MODE=False, K_PAD=K_PAD, UPSTREAM=True)
+        hot = hot_buffer_rows(pos, slot, valid, is_newest, is_long, overflow, base, D,
+                              UNIT=1, PAGE=PAGE, PAGE_MODE=False)
         tl.store(out, tl.where(resident, resident_row, hot), mask=offs < K)
         # ---- 3. misses: host rows -> victim hot rows, by this program ----------------------
         for r0 in range(0, n_miss, COPY_ROWS):

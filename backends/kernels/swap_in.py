@@ -19,19 +19,22 @@ Vocabulary (see ``backends/hisparse_coordinator.py`` for the full semantics):
 Two LRU orders (``UPSTREAM`` constexpr), two resolves:
 
 * ``upstream`` (SGLang's kernel): misses in selection order (a unit's first entry), hits in the
-  order the LRU walk meets them. O(K + C), no sort: each entry ``i`` stamps its index into a
-  per-batch-row table indexed by unit (``stamp[u_i] = i``, then ``atomic_min`` only when some
-  unit is selected twice, so ``stamp[u]`` is the unit's first entry); a hot slot holding unit
-  ``u`` is a hit iff ``e = stamp[u]`` is an entry index and entry ``e``'s unit is ``u``. That
-  check makes stale stamps (earlier calls, other layers or requests) harmless, so the table is
-  never cleared. Compaction by cumsum: hits and evictable slots in walk order, misses in entry
-  order.
+  order the LRU walk meets them. O(K + C), no sort: a per-batch-row table indexed by unit gets
+  two stamps in one scatter, each entry ``i`` its index (``entry[u_i] = i``, then ``atomic_min``
+  only when some unit is selected twice, so ``entry[u]`` is the unit's first entry) and each hot
+  slot ``s`` holding unit ``u_s`` its index (``slot[u_s] = s``). A hot slot is a hit iff its
+  unit's ``entry`` names an entry of that unit; an entry is a hit iff its unit's ``slot`` names
+  a slot holding that unit. The hot buffer's rows (LRU order, slot -> unit) and the selection's
+  units are held in registers, so both checks are ``tl.gather``s, and they make stale stamps
+  (earlier calls, other layers or requests) harmless: the table is never cleared. Every walked
+  slot's new LRU place follows from two cumsums (hits and evictable slots in walk order); only
+  when a unit misses are the evictable slots compacted through memory, for the misses (entry
+  order) to take them.
 * ``position``: misses and hits in ascending unit. A bitonic sort of the selection, then a
   binary search per hot slot.
 
-Scratch per batch row (int32, ``resolve_scratch_width``): upstream ``[K_PAD]`` unit per entry
-(-1: not in the LRU), ``[K_PAD]`` hot slot per first entry, ``[C]`` evictable slots, ``[C]`` hit
-slots, ``[N_UNITS]`` stamps; position ``[K_PAD]`` sorted keys, ``[K_PAD]`` unique units,
+Scratch per batch row (int32, ``resolve_scratch_width``): upstream ``[C]`` evictable slots,
+``[N_UNITS, 2]`` stamps (first entry, holding slot); position ``[K_PAD]`` sorted keys, ``[K_PAD]`` unique units,
 ``[K_PAD]`` slot per unique unit, ``[C]`` evictable slots.
 """
 from __future__ import annotations
@@ -191,8 +194,9 @@ def resolve_position_order(
 
     # ---- 4. each entry's index into the slot table (-1: not resolved here) --------------------
     e_idx = _lower_bound(s_uniq, n_uniq, key, SEARCH_STEPS)
-    ref = tl.where((key != SENTINEL) & (e_idx < n_live), e_idx, -1)
-    return unit, ref, is_newest, long_blk, is_long, n_uniq, n_hit, n_miss, newest_hit, overflow
+    ref = (key != SENTINEL) & (e_idx < n_live)
+    slot = tl.load(s_uslot + e_idx, mask=ref, other=-1)
+    return unit, slot, is_newest, long_blk, is_long, n_uniq, n_hit, n_miss, newest_hit, overflow
 
 
 @triton.jit
@@ -202,14 +206,14 @@ def resolve_upstream_order(
     K, C, D, MAX_MISSES, N_UNITS,
     UNIT: tl.constexpr, PAGE: tl.constexpr, K_PAD: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    """``resolve_hot_selection`` in the ``upstream`` order (stamps, no sort; same arguments and
-    results, those of the sort aside)."""
-    s_key = scr
-    s_slot = scr + K_PAD
-    s_evict = scr + 2 * K_PAD          # s_evict + C: the hit slots
-    s_stamp = s_evict + 2 * C
+    """``resolve_hot_selection`` in the ``upstream`` order (two-way stamps, no sort; same
+    arguments and results). The hot buffer's ``[C]`` rows (LRU order and slot -> unit) are
+    held in registers (``BLOCK_C >= C``) and joined with the selection by ``tl.gather``, so an
+    all-hit call reads global memory twice in a chain: its inputs, then the stamp table."""
+    s_evict = scr                      # [C] evictable slots by rank (only when a unit missed)
+    s_tab = scr + C                    # [N_UNITS, 2]: (first entry, holding slot) per unit
 
-    # ---- 1. stamps: each unit's first entry (the newest unit of a long request is excluded) ---
+    # ---- 1. inputs: the selection's units, the hot buffer in walk and in slot order ---------
     offs = tl.arange(0, K_PAD)
     unit = tl.where(valid, pos // UNIT, -1)
     is_long = seq > D
@@ -218,77 +222,89 @@ def resolve_upstream_order(
     is_newest = valid & ~skip & (unit == newest_unit)
     # units past the stamp table (seq_len beyond the coordinator's maximum) take no part
     live = valid & ~skip & ~is_newest & (unit < N_UNITS)
-    tl.store(s_key + offs, tl.where(live, unit, -1))
-    tl.store(s_slot + offs, tl.full([K_PAD], -1, tl.int32))
-    tl.store(s_stamp + unit, offs, mask=live)
+    key = tl.where(live, unit, -1)
+    lane = tl.arange(0, BLOCK_C)
+    mc = lane < C
+    walk_slot = tl.load(lru_ptr + row + lane, mask=mc, other=0)
+    slot_u = tl.load(slot_unit_ptr + row + lane, mask=mc, other=-1)      # slot order
+    walk_u = tl.where(mc, tl.gather(slot_u, tl.minimum(tl.maximum(walk_slot, 0), BLOCK_C - 1),
+                                    0), -1)
+    held_s = mc & (slot_u >= 0) & (slot_u < N_UNITS)
+    held_w = mc & (walk_u >= 0) & (walk_u < N_UNITS)
+
+    # ---- 2. stamps both ways: unit -> its first entry, unit -> the slot holding it ---------
+    # Stale values (earlier calls, other layers or requests) are recognised below (the entry's
+    # unit, the slot's unit), so the table is never cleared.
+    tl.store(s_tab + 2 * unit, offs, mask=live)
+    tl.store(s_tab + 2 * slot_u + 1, lane, mask=held_s)
     tl.debug_barrier()
-    rep = tl.load(s_stamp + unit, mask=live, other=-1, cache_modifier=".cg")
+    rep = tl.load(s_tab + 2 * unit, mask=live, other=-1, cache_modifier=".cg")
+    cand = tl.load(s_tab + 2 * unit + 1, mask=live, other=-1, cache_modifier=".cg")
+    e = tl.load(s_tab + 2 * walk_u, mask=held_w, other=-1, cache_modifier=".cg")
     lost = live & (rep != offs)         # a unit selected twice: the plain stores raced
     if tl.sum(lost.to(tl.int32), axis=0) > 0:
-        tl.atomic_min(s_stamp + unit, offs, mask=lost, sem="relaxed")
+        tl.atomic_min(s_tab + 2 * unit, offs, mask=lost, sem="relaxed")
         tl.debug_barrier()
-        rep = tl.load(s_stamp + unit, mask=live, other=-1, cache_modifier=".cg")
+        rep = tl.load(s_tab + 2 * unit, mask=live, other=-1, cache_modifier=".cg")
+        e = tl.load(s_tab + 2 * walk_u, mask=held_w, other=-1, cache_modifier=".cg")
     first = live & (rep == offs)
     n_uniq = tl.sum(first.to(tl.int32), axis=0)
     newest_hit = (tl.sum(is_newest.to(tl.int32), axis=0) > 0).to(tl.int32)
     overflow = is_long & (n_uniq > C)
     do_long = is_long & (n_uniq <= C) & (n_uniq > 0)
-    resolved = first & ((offs * 0 + do_long.to(tl.int32)) != 0)   # (no block & scalar-bool)
+    do_k = (offs * 0 + do_long.to(tl.int32)) != 0                 # (no block & scalar-bool)
+    do_c = (lane * 0 + do_long.to(tl.int32)) != 0
+    resolved = first & do_k
 
-    # ---- 2. walk the hot buffer in LRU order: hits and evictable slots, in walk order ---------
-    lane_c = tl.arange(0, BLOCK_C)
-    n_hit = n_uniq * 0
-    n_evict = n_uniq * 0
-    first_hit = n_uniq * 0 + C          # walk position of the first hit (C: none yet)
-    c_end = tl.where(do_long, C, 0)
-    for c0 in range(0, c_end, BLOCK_C):
-        oc = c0 + lane_c
-        mc = oc < C
-        slot = tl.load(lru_ptr + row + oc, mask=mc, other=0)
-        u = tl.load(slot_unit_ptr + row + slot, mask=mc, other=-1)
-        held = mc & (u >= 0) & (u < N_UNITS)
-        e = tl.load(s_stamp + u, mask=held, other=-1, cache_modifier=".cg")
-        known = held & (e >= 0) & (e < K_PAD)
-        hit = known & (tl.load(s_key + e, mask=known, other=-1) == u)
-        tl.store(s_slot + e, slot, mask=hit)
-        hit_i = hit.to(tl.int32)
-        ev = mc & ~hit
-        ev_i = ev.to(tl.int32)
-        tl.store(s_evict + C + n_hit + tl.cumsum(hit_i, axis=0) - 1, slot, mask=hit)
-        tl.store(s_evict + n_evict + tl.cumsum(ev_i, axis=0) - 1, slot, mask=ev)
-        first_hit = tl.minimum(first_hit, tl.min(tl.where(hit, oc, C), axis=0))
-        n_hit += tl.sum(hit_i, axis=0)
-        n_evict += tl.sum(ev_i, axis=0)
-    tl.debug_barrier()
+    # ---- 3. hits from both sides: a slot whose unit's first entry holds that unit, an entry
+    # whose unit's slot holds that unit --------------------------------------------------------
+    e_in = (e >= 0) & (e < K_PAD)
+    hit_w = do_c & held_w & e_in & \
+        (tl.gather(key, tl.minimum(tl.maximum(e, 0), K_PAD - 1), 0) == walk_u)
+    c_in = (cand >= 0) & (cand < C)
+    hit_e = resolved & c_in & \
+        (tl.gather(slot_u, tl.minimum(tl.maximum(cand, 0), BLOCK_C - 1), 0) == unit)
+    ev = do_c & mc & ~hit_w
+    hit_i = hit_w.to(tl.int32)
+    ev_i = ev.to(tl.int32)
+    n_hit = tl.sum(hit_i, axis=0)
+    n_evict = tl.sum(ev_i, axis=0)
+    first_hit = tl.min(tl.where(hit_w, lane, C), axis=0)   # walk position of the first hit
 
-    # ---- 3. the i-th miss (entry order) takes the i-th evictable; miss plan -------------------
-    held_slot = tl.load(s_slot + offs, mask=first, other=-1)
-    is_miss = resolved & (held_slot < 0)
+    # ---- 4. the i-th miss (entry order) takes the i-th evictable (walk order); miss plan -----
+    is_miss = resolved & ~hit_e
     miss_i = is_miss.to(tl.int32)
     miss_rank = tl.cumsum(miss_i, axis=0) - 1
     n_miss = tl.sum(miss_i, axis=0)
-    miss_slot = tl.load(s_evict + miss_rank, mask=is_miss, other=0)
-    tl.store(s_slot + offs, miss_slot, mask=is_miss)
-    tl.store(slot_unit_ptr + row + miss_slot, unit, mask=is_miss)
-    first_pos = unit * UNIT
-    host_page = tl.load(host_page_row_ptr + first_pos // PAGE, mask=is_miss, other=0)
-    tl.store(plan + 1 + miss_rank, host_page * PAGE + first_pos % PAGE, mask=is_miss)
-    tl.store(plan + 1 + MAX_MISSES + miss_rank, base + miss_slot * UNIT, mask=is_miss)
+    ev_rank = tl.cumsum(ev_i, axis=0) - 1
+    miss_slot = offs * 0
+    if n_miss > 0:
+        tl.store(s_evict + ev_rank, walk_slot, mask=ev & (ev_rank < n_miss))
+        tl.debug_barrier()
+        miss_slot = tl.load(s_evict + miss_rank, mask=is_miss, other=0, cache_modifier=".cg")
+        tl.store(slot_unit_ptr + row + miss_slot, unit, mask=is_miss)
+        first_pos = unit * UNIT
+        host_page = tl.load(host_page_row_ptr + first_pos // PAGE, mask=is_miss, other=0)
+        tl.store(plan + 1 + miss_rank, host_page * PAGE + first_pos % PAGE, mask=is_miss)
+        tl.store(plan + 1 + MAX_MISSES + miss_rank, base + miss_slot * UNIT, mask=is_miss)
     tl.store(plan, n_miss)
 
-    # ---- 4. new LRU: stale evictables, the misses' slots, the hits (walk order) ---------------
-    # Unchanged (not written) when nothing missed and the hits already close the order.
+    # ---- 5. new LRU: stale evictables, the misses' slots, the hits (walk order) -------------
+    # Each walked slot's new place, written in one scatter; unchanged (not written) when nothing
+    # missed and the hits already close the order.
     n_kept = n_evict - n_miss
+    hit_rank = tl.cumsum(hit_i, axis=0) - 1
+    new_at = tl.where(hit_w, n_evict + hit_rank,
+                      tl.where(ev_rank < n_miss, n_kept + ev_rank, ev_rank - n_miss))
     moved = (n_miss > 0) | (first_hit < C - n_hit)
-    w_end = tl.where(moved, c_end, 0)
-    for c0 in range(0, w_end, BLOCK_C):
-        r = c0 + lane_c
-        src = tl.where(r < n_kept, r + n_miss, tl.where(r < n_evict, r - n_kept, C + r - n_evict))
-        s = tl.load(s_evict + src, mask=r < C, other=0)
-        tl.store(lru_ptr + row + r, s, mask=r < C)
-    tl.debug_barrier()
-    ref = tl.where(live & ((offs * 0 + do_long.to(tl.int32)) != 0), rep, -1)
-    return unit, ref, is_newest, long_blk, is_long, n_uniq, n_hit, n_miss, newest_hit, overflow
+    write = do_c & mc & ((lane * 0 + moved.to(tl.int32)) != 0)
+    tl.store(lru_ptr + row + new_at, walk_slot, mask=write)
+
+    # ---- 6. each entry's hot slot (-1: not resolved here): its unit's first entry's --------
+    first_slot = tl.where(hit_e, cand, tl.where(is_miss, miss_slot, -1))
+    slot = tl.where(live & do_k,
+                    tl.gather(first_slot, tl.minimum(tl.maximum(rep, 0), K_PAD - 1), 0), -1)
+    return unit, slot, is_newest, long_blk, is_long, n_uniq, n_hit, n_miss, newest_hit, overflow
 
 
 @triton.jit
@@ -315,9 +331,9 @@ def resolve_hot_selection(
     ``scr``: its scratch row (``resolve_scratch_width``). The LRU is neither read nor written
     when no unit needs it.
 
-    Returns ``(unit, ref, is_newest, long_blk, is_long, n_uniq, n_hit, n_miss, newest_hit,
-    overflow)``: per entry its unit, its index into the slot table of ``hot_buffer_rows`` (-1:
-    not resolved here) and whether it is the newest unit (in the reserved page); ``long_blk`` /
+    Returns ``(unit, slot, is_newest, long_blk, is_long, n_uniq, n_hit, n_miss, newest_hit,
+    overflow)``: per entry its unit, its hot slot (-1: not resolved here) and whether it is the
+    newest unit (in the reserved page); ``long_blk`` /
     ``is_long`` the request is long (``seq > D``) as a block / scalar; counts of unique
     non-newest units, hits and misses among them (0 on overflow or short), whether the newest
     unit was selected, and the page-mode overflow flag.
@@ -336,21 +352,15 @@ def resolve_hot_selection(
 
 @triton.jit
 def hot_buffer_rows(
-    pos, ref, valid, is_newest, is_long, overflow, base, scr, D,
-    UNIT: tl.constexpr, PAGE: tl.constexpr, PAGE_MODE: tl.constexpr, K_PAD: tl.constexpr,
-    UPSTREAM: tl.constexpr,
+    pos, slot, valid, is_newest, is_long, overflow, base, D,
+    UNIT: tl.constexpr, PAGE: tl.constexpr, PAGE_MODE: tl.constexpr,
 ):
     """Step 4 of the swap-in: the device row of each entry after ``resolve_hot_selection``
-    (its ``ref``, ``is_newest``, ``is_long``, ``overflow``; ``scr`` its scratch row): a long
-    request's units through their hot slot, its newest unit in the reserved page, a short
-    request's position ``p`` at ``base + p``; -1 for invalid entries and on overflow. Entries
-    the resolve skipped get a meaningless value (the caller serves them)."""
-    if UPSTREAM:
-        s_slot = scr + K_PAD
-    else:
-        s_slot = scr + 2 * K_PAD
-    e_slot = tl.load(s_slot + ref, mask=ref >= 0, other=0)
-    long_out = base + e_slot * UNIT + pos % UNIT
+    (its ``slot``, ``is_newest``, ``is_long``, ``overflow``): a long request's units through
+    their hot slot, its newest unit in the reserved page, a short request's position ``p`` at
+    ``base + p``; -1 for invalid entries and on overflow. Entries the resolve skipped get a
+    meaningless value (the caller serves them)."""
+    long_out = base + tl.maximum(slot, 0) * UNIT + pos % UNIT
     if PAGE_MODE:
         newest_out = base + D + pos % PAGE
     else:
@@ -401,7 +411,7 @@ def resolve_swap_in_kernel(
     pos = tl.load(topk_ptr + b.to(tl.int64) * topk_stride + offs, mask=offs < K, other=-1)
     valid = (pos >= 0) & (pos < seq)
     none = offs < 0
-    unit, ref, is_newest, long_blk, is_long, n_uniq, n_hit, n_miss, newest_hit, overflow = \
+    unit, slot, is_newest, long_blk, is_long, n_uniq, n_hit, n_miss, newest_hit, overflow = \
         resolve_hot_selection(
             pos, valid, none, seq, row, base, slot_unit_ptr, lru_ptr,
             host_table_ptr + req.to(tl.int64) * host_table_stride,
@@ -410,9 +420,8 @@ def resolve_swap_in_kernel(
             SEARCH_STEPS=SEARCH_STEPS, UPSTREAM=UPSTREAM)
 
     # ---- 4. output slot table --------------------------------------------------------------
-    res = hot_buffer_rows(pos, ref, valid, is_newest, is_long, overflow, base, scr, D,
-                          UNIT=UNIT, PAGE=PAGE, PAGE_MODE=PAGE_MODE, K_PAD=K_PAD,
-                          UPSTREAM=UPSTREAM)
+    res = hot_buffer_rows(pos, slot, valid, is_newest, is_long, overflow, base, D,
+                          UNIT=UNIT, PAGE=PAGE, PAGE_MODE=PAGE_MODE)
     tl.store(out_ptr + b.to(tl.int64) * out_stride + offs, res, mask=offs < K)
 
     # ---- 5. counts ------------------------------------------------------------------------
@@ -438,17 +447,19 @@ def next_pow2(n: int) -> int:
 
 def resolve_scratch_width(k_pad: int, hot_units: int, n_units: int, upstream: bool) -> int:
     """int32 scratch entries per batch row of ``resolve_hot_selection`` (module docstring):
-    ``2*k_pad + 2*hot_units + n_units`` (upstream) or ``3*k_pad + hot_units`` (position)."""
-    return 2 * k_pad + 2 * hot_units + n_units if upstream else 3 * k_pad + hot_units
+    ``hot_units + 2*n_units`` (upstream) or ``3*k_pad + hot_units`` (position)."""
+    return hot_units + 2 * n_units if upstream else 3 * k_pad + hot_units
 
 
 @dataclass(frozen=True)
 class ResolveLaunch:
     """Launch configuration of the resolve (``None``: the default for the shape).
 
-    block_c: hot slots walked per iteration (power of two >= 16; default: all of them up to
-    4096 for the upstream order, 1024 for the position order); num_warps: Triton's (default 8
-    when the selection, or in the upstream order the walk block, has >= 1024 entries, else 4).
+    block_c: hot slots walked per iteration (power of two >= 16; default 1024) in the position
+    order; the upstream order holds all ``C`` hot slots in one block (``block_c`` is raised to
+    ``next_pow2(C)``); num_warps: Triton's (default 8 when the selection, or in the upstream
+    order the walk block, has >= 1024 entries, 16 when the upstream walk block has >= 8192,
+    else 4).
     """
 
     block_c: Optional[int] = None
@@ -463,6 +474,10 @@ class ResolveLaunch:
 
     def resolved(self, k_pad: int, hot_units: int, upstream: bool) -> Tuple[int, int]:
         """``(block_c, num_warps)`` for this shape."""
-        b = self.block_c or max(16, min(next_pow2(hot_units), 4096 if upstream else 1024))
-        w = self.num_warps or (8 if max(k_pad, b if upstream else 0) >= 1024 else 4)
+        if upstream:
+            b = max(16, next_pow2(hot_units), self.block_c or 0)
+            w = self.num_warps or (16 if b >= 8192 else 8 if max(k_pad, b) >= 1024 else 4)
+        else:
+            b = self.block_c or max(16, min(next_pow2(hot_units), 1024))
+            w = self.num_warps or (8 if k_pad >= 1024 else 4)
         return b, w
