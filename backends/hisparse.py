@@ -16,6 +16,7 @@ reserved slot (the KV write both designs do).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
@@ -25,6 +26,7 @@ import torch
 from backends.attention import resolve_attention
 from backends.base import COUNT_KEYS, Backend, BackendInvalid, BackendUnavailable, ConfigError, KVLayout
 from backends.copy_engines import COPY_ENGINES
+from backends.host_memory import HOST_ALLOCS
 from backends.hisparse_coordinator import (LOAD_GRANULARITIES, LRU_ORDERS, HiSparseCoordinator,
                                            checked_selections)
 
@@ -45,11 +47,11 @@ class HiSparseSettings:
     copy_engine: str = "uva_kernel"            # uva_kernel | memcpy | staged
     coordinator: str = "triton"                # triton (ours) | sglang (upstream swap-in kernel)
     lru_order: str = "upstream"                # upstream (SGLang's order) | position (ascending)
+    host_alloc: str = "pinned"                 # pinned (cudaHostAlloc) | thp (2 MiB huge pages)
 
     def resolved(self, top_k: int) -> "HiSparseSettings":
         d = self.device_buffer_size if self.device_buffer_size is not None else 2 * top_k
-        return HiSparseSettings(int(d), self.load_granularity, self.copy_engine, self.coordinator,
-                                self.lru_order)
+        return dataclasses.replace(self, device_buffer_size=int(d))
 
 
 def make_sglang_peer(coord: HiSparseCoordinator):
@@ -70,12 +72,12 @@ class HiSparseBackend(Backend):
     name = "hisparse"
     settings = HiSparseSettings
     choices = {"load_granularity": LOAD_GRANULARITIES, "copy_engine": COPY_ENGINES,
-               "coordinator": COORDINATORS, "lru_order": LRU_ORDERS}
+               "coordinator": COORDINATORS, "lru_order": LRU_ORDERS, "host_alloc": HOST_ALLOCS}
     stages = ("swap_in", "attention")
     columns = {"device_buffer_size": "Int64", "load_granularity": "string", "copy_engine": "string",
-               "coordinator": "string", "lru_order": "string"}
+               "coordinator": "string", "lru_order": "string", "host_alloc": "string"}
     variant_axes = ("device_buffer_size", "load_granularity", "copy_engine", "coordinator",
-                    "lru_order")
+                    "lru_order", "host_alloc")
 
     @classmethod
     def check(cls, settings: HiSparseSettings, *, top_k: int, page_size: int, phase: str) -> None:
@@ -102,7 +104,8 @@ class HiSparseBackend(Backend):
             num_layers=layout.num_layers, max_requests=batch_size, max_seq_len=layout.max_positions,
             row_bytes=layout.row_bytes, top_k=layout.top_k, device_buffer_size=settings.device_buffer_size,
             page_size=layout.page_size, load_granularity=settings.load_granularity,
-            copy_engine=settings.copy_engine, lru_order=settings.lru_order)
+            copy_engine=settings.copy_engine, lru_order=settings.lru_order,
+            host_alloc=settings.host_alloc)
 
     def __init__(self, workload, settings: HiSparseSettings, *, attention_kernel: str = "triton"):
         super().__init__(workload, settings, attention_kernel=attention_kernel)
@@ -121,7 +124,8 @@ class HiSparseBackend(Backend):
                 num_layers=wl.num_layers, max_requests=wl.batch_size, max_seq_len=wl.max_positions,
                 row_bytes=wl.row_bytes, top_k=wl.top_k, device_buffer_size=self.buffer_size,
                 page_size=wl.page_size, load_granularity=self.granularity, copy_engine=self.engine,
-                lru_order=settings.lru_order, device=wl.device, seed=wl.seed)
+                lru_order=settings.lru_order, host_alloc=settings.host_alloc, device=wl.device,
+                seed=wl.seed)
         except ValueError as e:
             raise BackendInvalid(str(e)) from e
         if wl.topk is not None:

@@ -71,6 +71,7 @@ import torch
 import triton
 
 from backends.copy_engines import COPY_ENGINES, make_copy_engine
+from backends.host_memory import HOST_ALLOCS, HostRows
 from backends.kernels.swap_in import (COUNT_FIELDS, NUM_COUNT_FIELDS, ResolveLaunch, next_pow2,
                                       resolve_scratch_width, resolve_swap_in_kernel)
 
@@ -87,13 +88,23 @@ class PageOverflowError(ValueError):
     """A page-mode selection needs more distinct pages than the hot buffer holds."""
 
 
-def _alloc(what: str, shape, dtype, device, pin: bool = False) -> torch.Tensor:
+def _alloc(what: str, shape, dtype, device) -> torch.Tensor:
     nbytes = int(np.prod(shape)) * torch.empty(0, dtype=dtype).element_size()
     try:
-        return torch.empty(shape, dtype=dtype, device=device, pin_memory=pin)
+        return torch.empty(shape, dtype=dtype, device=device)
     except (torch.OutOfMemoryError, RuntimeError, MemoryError) as e:
-        raise HiSparseOOMError(f"allocating the {what} ({nbytes / 2**30:.2f} GiB on "
-                               f"{'pinned host' if pin else device}) failed: {e}") from e
+        raise HiSparseOOMError(f"allocating the {what} ({nbytes / 2**30:.2f} GiB on {device}) "
+                               f"failed: {e}") from e
+
+
+def alloc_host_rows(what: str, shape, host_alloc: str, cuda: bool) -> HostRows:
+    """``HostRows`` of ``shape`` (uint8) in ``host_alloc`` memory; HiSparseOOMError when it
+    cannot be allocated."""
+    try:
+        return HostRows(shape, host_alloc, cuda)
+    except (RuntimeError, MemoryError, OSError) as e:
+        raise HiSparseOOMError(f"allocating the {what} ({int(np.prod(shape)) / 2**30:.2f} GiB of "
+                               f"{host_alloc} host memory) failed: {e}") from e
 
 
 def _as_int_array(x, name: str) -> np.ndarray:
@@ -186,6 +197,8 @@ class HiSparseCoordinator:
       page_size: host allocation page and reserved page, in tokens.
       load_granularity: 'token' (upstream SGLang) or 'page' (whole logical pages).
       copy_engine: 'uva_kernel' (default, no host sync), 'memcpy' or 'staged'.
+      host_alloc: the host pool's memory, 'pinned' (default, cudaHostAlloc) or 'thp' (2 MiB
+        transparent huge pages registered with cudaHostRegister; ``backends/host_memory.py``).
       lru_order: 'upstream' (default: SGLang's kernel) or 'position' (module docstring).
       resolve_launch: the resolve kernel's launch configuration (default: ``ResolveLaunch()``).
       host_rows: host pool rows per layer; default enough for every request at ``max_seq_len``
@@ -199,23 +212,27 @@ class HiSparseCoordinator:
                  top_k: int, device_buffer_size: Optional[int] = None, page_size: int = 64,
                  load_granularity: str = "token", copy_engine: str = "uva_kernel",
                  lru_order: str = "upstream", resolve_launch: Optional[ResolveLaunch] = None,
-                 host_rows: Optional[int] = None, device="cuda", seed: int = 0):
+                 host_rows: Optional[int] = None, host_alloc: str = "pinned", device="cuda",
+                 seed: int = 0):
         self._configure(num_layers=num_layers, max_requests=max_requests, max_seq_len=max_seq_len,
                         row_bytes=row_bytes, top_k=top_k, device_buffer_size=device_buffer_size,
                         page_size=page_size, load_granularity=load_granularity,
                         copy_engine=copy_engine, lru_order=lru_order, host_rows=host_rows,
-                        device=device)
+                        host_alloc=host_alloc, device=device)
         self.set_resolve_launch(resolve_launch or ResolveLaunch())
-        pin = self.device.type == "cuda"
+        cuda = self.device.type == "cuda"
         for attr, (what, shape, dtype, on_host) in self.allocations().items():
-            setattr(self, attr, _alloc(what, shape, dtype, "cpu" if on_host else self.device,
-                                       pin and on_host))
+            if on_host:                   # the host KV pool (uint8), kept alive with its memory
+                self._host_memory = alloc_host_rows(what, shape, self.host_alloc, cuda)
+                setattr(self, attr, self._host_memory.tensor)
+            else:
+                setattr(self, attr, _alloc(what, shape, dtype, self.device))
         self._init_state(copy_engine, seed)
 
     def _configure(self, *, num_layers: int, max_requests: int, max_seq_len: int, row_bytes: int,
                    top_k: int, device_buffer_size: Optional[int], page_size: int,
                    load_granularity: str, copy_engine: str, lru_order: str,
-                   host_rows: Optional[int], device) -> None:
+                   host_rows: Optional[int], host_alloc: str, device) -> None:
         """Checks the arguments and derives every size (no allocation)."""
         for name, v in (("num_layers", num_layers), ("max_requests", max_requests),
                         ("max_seq_len", max_seq_len), ("row_bytes", row_bytes),
@@ -229,6 +246,9 @@ class HiSparseCoordinator:
             raise ValueError(f"copy_engine must be one of {COPY_ENGINES}, got {copy_engine!r}")
         if lru_order not in LRU_ORDERS:
             raise ValueError(f"lru_order must be one of {LRU_ORDERS}, got {lru_order!r}")
+        if host_alloc not in HOST_ALLOCS:
+            raise ValueError(f"host_alloc must be one of {HOST_ALLOCS}, got {host_alloc!r}")
+        self.host_alloc = host_alloc
         D = 2 * top_k if device_buffer_size is None else device_buffer_size
         if not isinstance(D, (int, np.integer)) or D < top_k:
             raise ValueError(f"device_buffer_size must be an integer >= top_k ({top_k}), got {D!r}")
@@ -276,7 +296,7 @@ class HiSparseCoordinator:
         kwargs.pop("seed", None)
         obj._configure(**{"device_buffer_size": None, "page_size": 64, "load_granularity": "token",
                           "copy_engine": "uva_kernel", "lru_order": "upstream", "host_rows": None,
-                          "device": "cpu", **kwargs})
+                          "host_alloc": "pinned", "device": "cpu", **kwargs})
         return obj.footprint()
 
     def _init_state(self, copy_engine: str, seed: int) -> None:

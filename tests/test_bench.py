@@ -240,6 +240,12 @@ def test_swap_in_quick(tmp_path):
     assert set(copies["variant"].dropna()) == {f"rows{r}" for r in sz.uva_rows_sweep}
     resolve = df[(df["kernel"] == "resolve_selection") & (df["case"] == "all_hits")]
     assert sorted(resolve["batch_size"]) == [1, sz.batch]
+    # context: equal misses at every context, in both host pools
+    ctx = swap[swap["case"].str.startswith("context")]
+    assert set(ctx["case"]) == {"context", "context+thp"}
+    assert set(ctx["context_len"]) == set(sz.context_lens)
+    per_step = sz.context_batch * (sz.top_k - round(sz.overlap_c * sz.top_k))
+    assert (ctx["misses"] == per_step).all()
 
 
 def _quick_run(name: str) -> BenchRun:

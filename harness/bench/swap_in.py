@@ -22,8 +22,8 @@ pages; ``--quick``: ``QUICK``):
   pool), ``gather_runs`` independent runs each (fresh rows; ``seed`` = run). A pool that cannot
   be allocated is skipped with a printed reason. Printed last: GB/s of each run's median and
   the spread of those medians (``gather_summary``).
-* ``context``: swap-in at equal misses vs context (batch 32, 85 % overlap, 16K..128K, the
-  coordinator's own host pool): ``resolve_selection``, ``copy_planned_misses`` and
+* ``context``: swap-in at equal misses vs context (batch 32, 85 % overlap, the rest never
+  selected before, 16K..128K, the coordinator's own host pool, per ``--host-alloc``): ``resolve_selection``, ``copy_planned_misses`` and
   ``swap_in_selected_pages`` timed apart, each call an exact re-run of a recorded step
   (``context``; ``context_summary`` prints resolve / copy / total per context).
 
@@ -52,6 +52,7 @@ import torch
 from backends.copy_engines import (COPY_ENGINES, UVA_CUDA_LAUNCH, UvaKernelEngine,
                                    uva_engine_per_sm)
 from backends.hisparse_coordinator import HiSparseCoordinator
+from backends.host_memory import HOST_ALLOCS, HostRows
 from harness import results
 from harness.bench.measure import NAN, BenchRun, Check, exact
 from harness.bench.registry import register
@@ -83,9 +84,6 @@ GATHER_VARIANTS: Dict[str, Dict[str, object]] = {
 }
 #: gather row distributions (``gather_host_rows``)
 GATHER_DISTS = ("random", "sorted", "window", "pages_4k", "contiguous")
-#: host pool allocations: torch's pinned allocator (cudaHostAlloc, as the coordinator), or an
-#: anonymous mapping advised to transparent huge pages and registered (cudaHostRegister)
-HOST_ALLOCS = ("pinned", "thp")
 SECTIONS = ("all_misses", "all_hits", "steady_state", "gather", "context")
 OS_PAGE = 4096
 
@@ -131,13 +129,14 @@ def random_rows(n: int, row_bytes: int, device: torch.device, seed: int) -> torc
                          generator=g).cpu()
 
 
-def coordinator(sz: Sizes, device: torch.device, max_requests: int, max_seq_len: int
-                ) -> HiSparseCoordinator:
+def coordinator(sz: Sizes, device: torch.device, max_requests: int, max_seq_len: int,
+                host_alloc: str = "pinned") -> HiSparseCoordinator:
     """A one-layer token-mode coordinator (``uva_kernel`` copies) of these sizes."""
     return HiSparseCoordinator(
         num_layers=1, max_requests=max_requests, max_seq_len=max_seq_len,
         row_bytes=sz.row_bytes, top_k=sz.top_k, device_buffer_size=sz.device_buffer_size,
-        page_size=sz.page_size, copy_engine="uva_kernel", device=device, seed=1)
+        page_size=sz.page_size, copy_engine="uva_kernel", host_alloc=host_alloc, device=device,
+        seed=1)
 
 
 def loaded_coordinator(sz: Sizes, device: torch.device, batch: int, seq_len: int, seed: int
@@ -209,18 +208,34 @@ def fresh_chunks(sz: Sizes, calls: int, seed: int = 3) -> np.ndarray:
 
 
 def overlap_selections(rng: np.random.Generator, steps: int, batch: int, top_k: int,
-                       seq_len: int, overlap: float) -> List[np.ndarray]:
+                       seq_len: int, overlap: float, fresh_from: Optional[int] = None
+                       ) -> List[np.ndarray]:
     """Per step ``[batch, top_k]`` distinct positions ``< seq_len - 1``; each step keeps
-    ``overlap`` of the previous step's."""
+    ``overlap`` of the previous step's. ``fresh_from``: every other position is drawn from
+    ``[fresh_from, seq_len - 1)`` and was never drawn before (so with a hot buffer that holds the
+    last two selections and prefilled positions below ``fresh_from``, each step misses exactly
+    ``top_k - round(overlap * top_k)`` positions per request, whatever the context); None: the
+    others are any positions outside the previous step's selection."""
     keep = int(round(overlap * top_k))
-    prev = np.stack([rng.permutation(seq_len - 1)[:top_k] for _ in range(batch)])
+    lo = 0 if fresh_from is None else fresh_from
+    if fresh_from is not None and seq_len - 1 - lo < top_k + (steps - 1) * (top_k - keep):
+        raise ValueError(f"fresh_from={fresh_from}: [{lo}, {seq_len - 1}) holds fewer than the "
+                         f"{top_k + (steps - 1) * (top_k - keep)} fresh positions {steps} steps need")
+    orders = [lo + rng.permutation(seq_len - 1 - lo) for _ in range(batch)]
+    prev = np.stack([o[:top_k] for o in orders])
+    used = top_k
     out = [prev]
     for _ in range(steps - 1):
         rows = []
         for b in range(batch):
             kept = rng.choice(prev[b], keep, replace=False)
-            pool = np.setdiff1d(np.arange(seq_len - 1), prev[b], assume_unique=True)
-            rows.append(np.concatenate([kept, rng.choice(pool, top_k - keep, replace=False)]))
+            if fresh_from is None:
+                pool = np.setdiff1d(np.arange(seq_len - 1), prev[b], assume_unique=True)
+                new = rng.choice(pool, top_k - keep, replace=False)
+            else:
+                new = orders[b][used:used + top_k - keep]
+            rows.append(np.concatenate([kept, new]))
+        used += top_k - keep
         prev = np.stack(rows)
         out.append(prev)
     return out
@@ -394,50 +409,25 @@ def _misses_vs(got: List[int], want: List[int]) -> str:
 
 # ------------------------------------------------------------------------ host pools
 class HostPool:
-    """A uint8 ``[rows, row_bytes]`` host pool for the zero-copy kernel, filled with fresh random
-    bytes. ``alloc``: 'pinned' (``torch.empty(pin_memory=True)``: cudaHostAlloc through torch's
-    caching host allocator, as the coordinator allocates) or 'thp' (an anonymous mapping aligned
-    to 2 MiB, advised MADV_HUGEPAGE, touched, then cudaHostRegister-ed; CUDA only).
-    ``mirror``: the same bytes on ``device`` (checks compare with it, so the CPU never reads the
-    pool and leaves no row in its caches); ``huge_fraction``: share of the pool's bytes backed by
-    transparent huge pages (AnonHugePages in /proc/self/smaps; NaN where not readable).
-    ``close()`` frees it."""
-
-    HUGE = 2 << 20
+    """A uint8 ``[rows, row_bytes]`` host pool for the zero-copy kernel (``HostRows`` in
+    ``alloc`` memory: 'pinned' as the coordinator allocates by default, or 'thp'), filled with
+    fresh random bytes. ``mirror``: the same bytes on ``device`` (checks compare with it, so the
+    CPU never reads the pool and leaves no row in its caches); ``huge_fraction``: share of the
+    pool's bytes backed by transparent huge pages (NaN where not readable). ``close()`` frees
+    it."""
 
     def __init__(self, rows: int, row_bytes: int, alloc: str, device: torch.device, seed: int):
-        if alloc not in HOST_ALLOCS:
-            raise ValueError(f"host alloc must be one of {HOST_ALLOCS}, got {alloc!r}")
         self.alloc, self.nbytes = alloc, rows * row_bytes
-        self._map = None
-        self._registered = False
-        if alloc == "pinned":
-            self.tensor = torch.empty((rows, row_bytes), dtype=torch.uint8,
-                                      pin_memory=device.type == "cuda")
-        else:
-            import mmap
-            self._map = mmap.mmap(-1, self.nbytes + self.HUGE,
-                                  flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-            self._map.madvise(mmap.MADV_HUGEPAGE)
-            flat = torch.frombuffer(self._map, dtype=torch.uint8)
-            skip = (-flat.data_ptr()) % self.HUGE
-            self.tensor = flat[skip:skip + self.nbytes].view(rows, row_bytes)
+        self._memory = HostRows((rows, row_bytes), alloc, device.type == "cuda")
+        self.tensor = self._memory.tensor
         self.mirror = torch.empty((rows, row_bytes), dtype=torch.uint8, device=device)
-        fill_random(self.tensor, self.mirror, seed)   # first touch: THP backing happens here
-        if alloc == "thp":
-            err = torch.cuda.cudart().cudaHostRegister(self.tensor.data_ptr(), self.nbytes, 0)
-            if int(err) != 0:
-                raise RuntimeError(f"cudaHostRegister of {self.nbytes} bytes failed: {err}")
-            self._registered = True
-        self.huge_fraction = anon_huge_fraction(self.tensor.data_ptr(), self.nbytes)
+        fill_random(self.tensor, self.mirror, seed)
+        self.huge_fraction = self._memory.huge_fraction
 
     def close(self) -> None:
-        """Unregisters the pool and drops this object's references to it: the memory goes back
-        once no other tensor views it (the mapping is unmapped when its last view dies)."""
-        if self._registered:
-            torch.cuda.cudart().cudaHostUnregister(self.tensor.data_ptr())
-            self._registered = False
-        self.tensor = self._map = self.mirror = None
+        """Drops this object's references to the pool: the memory goes back once no other
+        tensor views it."""
+        self.tensor = self._memory = self.mirror = None
         release_cached_pinned()
 
 
@@ -464,24 +454,6 @@ def evict_host_caches(nbytes: int = 2 << 30) -> None:
     DMA just before) out of the CPU caches: timed reads then come from DRAM, as in serving."""
     scratch = np.ones(nbytes // 8, dtype=np.int64)
     int(scratch.sum())
-
-
-def anon_huge_fraction(ptr: int, nbytes: int) -> float:
-    """Share of ``[ptr, ptr + nbytes)`` in mappings' AnonHugePages (/proc/self/smaps, Linux);
-    NaN where smaps cannot be read."""
-    try:
-        text = open("/proc/self/smaps").read().splitlines()
-    except OSError:
-        return float("nan")
-    huge, inside = 0, False
-    for line in text:
-        head = line.split()[0] if line else ""
-        if "-" in head and ":" not in head:
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            inside = lo < ptr + nbytes and hi > ptr
-        elif inside and head == "AnonHugePages:":
-            huge += int(line.split()[1]) * 1024
-    return min(1.0, huge / nbytes) if nbytes else float("nan")
 
 
 def pool_fits(nbytes: int, alloc: str) -> Tuple[bool, str]:
@@ -609,10 +581,7 @@ def gather(run: BenchRun, sz: Sizes) -> None:
     count."""
     print(f"[swap_in] host: {host_facts(run.device)}", flush=True)
     mid = sz.gather_rows[len(sz.gather_rows) // 2]
-    allocs = [a for a in run.args.host_alloc if a == "pinned" or run.cuda]
-    if allocs != list(run.args.host_alloc):
-        print("[swap_in] gather: host alloc thp needs CUDA (cudaHostRegister): skipped", flush=True)
-    for alloc in allocs:
+    for alloc in run.args.host_alloc:
         for pi, pool_rows in enumerate(sz.gather_pools):
             nbytes = pool_rows * sz.row_bytes
             ok, why = pool_fits(nbytes, alloc)
@@ -685,25 +654,23 @@ def context(run: BenchRun, sz: Sizes) -> None:
     ``copy_planned_misses`` after an untimed resolve and ``swap_in_selected_pages`` (both checked
     by ``row_error`` against a device mirror of the host pool: every selected row right). The
     CPU caches are flushed of host rows after set-up (``evict_host_caches``) and the checks never
-    read the host pool on the CPU, so timed reads come from DRAM. With host alloc 'thp' the
-    coordinator's host pool is replaced (before loading) by a ``HostPool`` of the same shape."""
+    read the host pool on the CPU, so timed reads come from DRAM. Equal misses: the positions
+    not kept from the previous step were never selected nor prefilled (``overlap_selections``
+    with ``fresh_from``), so every step misses ``top_k - round(overlap_c * top_k)`` per request at
+    every context. Host alloc 'thp': the coordinator's pool in huge pages (``host_alloc``)."""
     B, K = sz.context_batch, sz.top_k
     reqs = list(range(B))
-    allocs = [a for a in run.args.host_alloc if a == "pinned" or run.cuda]
-    for alloc in allocs:
+    for alloc in run.args.host_alloc:
         for S in sz.context_lens:
             nbytes = B * S * sz.row_bytes
             ok, why = pool_fits(nbytes, "pinned") if alloc == "pinned" else pool_fits(nbytes, alloc)
             if not ok:
                 print(f"[swap_in] context {S} ({alloc}) skipped: {why}", flush=True)
                 continue
-            c = coordinator(sz, run.device, B, S)
-            thp = None
+            c = coordinator(sz, run.device, B, S, host_alloc=alloc)
             if alloc == "thp":
-                thp = HostPool(c.host_rows, sz.row_bytes, "thp", run.device, seed=S)
-                c.host_kv = thp.tensor.view(1, c.host_rows, sz.row_bytes)
-                thp.mirror = None                    # the rows loaded below replace its bytes
-                release_cached_pinned()
+                print(f"[swap_in] context {S}: {c._host_memory.huge_fraction:.0%} of the host "
+                      f"pool in huge pages", flush=True)
             mirror = torch.zeros((c.host_rows, sz.row_bytes), dtype=torch.uint8,
                                  device=run.device)
             for r in reqs:
@@ -715,7 +682,8 @@ def context(run: BenchRun, sz: Sizes) -> None:
             c.begin_step(reqs, [S] * B)
             evict_host_caches(sz.evict_bytes)        # the CPU wrote (and prefill read) host rows
             steps = sz.burn_in_c + sz.context_timed_steps
-            sels = overlap_selections(np.random.default_rng(S), steps, B, K, S, sz.overlap_c)
+            sels = overlap_selections(np.random.default_rng(S), steps, B, K, S, sz.overlap_c,
+                                      fresh_from=sz.device_buffer_size)
             req = torch.tensor(reqs, dtype=torch.int32, device=run.device)
             seq = torch.full((B,), S, dtype=torch.int32, device=run.device)
             timed = list(range(sz.burn_in_c, steps))
@@ -772,8 +740,7 @@ def context(run: BenchRun, sz: Sizes) -> None:
                 run.measure(lambda: c.swap_in_selected_pages(req, seq, topk, 0), setup=restore,
                             check=verdict, kernel="swap_in_selected_pages", **cols, **launch)
             del c, states, restore, verdict, mirror
-            if thp is not None:
-                thp.close()
+            release_cached_pinned()
             if run.cuda:
                 torch.cuda.empty_cache()
     print(context_summary(run.rows), flush=True)

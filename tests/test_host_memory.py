@@ -1,0 +1,65 @@
+"""Host pools the GPU reads in place (``backends/host_memory.py``), and the coordinator over them."""
+import numpy as np
+import pytest
+import torch
+
+from backends.hisparse_coordinator import HiSparseCoordinator
+from backends.host_memory import HUGE_PAGE, HostRows, anon_huge_fraction
+from harness.lru_model import CoordinatorModel
+
+
+@pytest.mark.parametrize("alloc", ["pinned", "thp"])
+def test_host_rows_hold_what_is_written(alloc):
+    m = HostRows((300, 656), alloc, cuda=False)
+    assert m.tensor.shape == (300, 656) and m.tensor.dtype == torch.uint8
+    x = torch.randint(0, 256, (300, 656), dtype=torch.uint8)
+    m.tensor.copy_(x)
+    assert torch.equal(m.tensor, x)
+    if alloc == "thp":
+        assert m.tensor.data_ptr() % HUGE_PAGE == 0      # aligned for whole huge pages
+        f = m.huge_fraction
+        assert np.isnan(f) or 0.0 <= f <= 1.0
+
+
+def test_host_rows_reject_an_unknown_allocation():
+    with pytest.raises(ValueError, match="host_alloc must be one of .*pinned.*thp"):
+        HostRows((4, 4), "hugetlbfs", cuda=False)
+    with pytest.raises(ValueError, match="host_alloc must be one of"):
+        HiSparseCoordinator(num_layers=1, max_requests=1, max_seq_len=64, row_bytes=16, top_k=4,
+                            host_alloc="malloc", device="cpu")
+
+
+def test_huge_fraction_of_memory_outside_any_mapping_is_zero():
+    f = anon_huge_fraction(8, 4096)
+    assert f == 0.0 or np.isnan(f)
+
+
+def test_coordinator_on_thp_memory_matches_the_model():
+    """The swap-in over a huge-page host pool loads the same rows and keeps the same LRU as the
+    pure-Python model (the pool's memory is the only difference from the default)."""
+    rng = np.random.default_rng(5)
+    K, D, S, B = 8, 16, 120, 2
+    c = HiSparseCoordinator(num_layers=1, max_requests=B, max_seq_len=S + 8, row_bytes=64,
+                            top_k=K, device_buffer_size=D, page_size=8, host_alloc="thp",
+                            device="cpu")
+    assert c.host_alloc == "thp" and c.host_kv.data_ptr() % HUGE_PAGE == 0
+    model = CoordinatorModel(1, D, 8, "token")
+    rows = {r: torch.randint(0, 256, (S + 8, 64), dtype=torch.uint8) for r in range(B)}
+    for r in range(B):
+        c.load_host_kv(0, r, rows[r])
+    c.prefill(list(range(B)), [S - 1] * B)
+    model.prefill(list(range(B)), [S - 1] * B)
+    for step in range(4):
+        seq = S + step
+        c.begin_step(list(range(B)), [seq] * B)
+        model.begin_step(list(range(B)), [seq] * B)
+        sel = np.stack([rng.choice(seq - 1, K, replace=False) for _ in range(B)]).astype(np.int32)
+        out = c.swap_in_selected_pages(torch.arange(B, dtype=torch.int32),
+                                       torch.full((B,), seq, dtype=torch.int32),
+                                       torch.from_numpy(sel), 0)
+        want = model.swap_in(list(range(B)), [seq] * B, sel, 0)
+        assert c.last_counts["misses"].tolist() == [w.misses for w in want]
+        assert sum(w.misses for w in want) > 0
+        for b in range(B):       # the device row behind each entry holds the selected row
+            got = c.device_kv[0, out[b].long()]
+            assert torch.equal(got, rows[b][torch.from_numpy(sel[b]).long()])
