@@ -63,3 +63,38 @@ def test_coordinator_on_thp_memory_matches_the_model():
         for b in range(B):       # the device row behind each entry holds the selected row
             got = c.device_kv[0, out[b].long()]
             assert torch.equal(got, rows[b][torch.from_numpy(sel[b]).long()])
+
+
+@pytest.mark.gpu
+def test_thp_pool_on_the_gpu_serves_what_the_pinned_pool_serves():
+    """On CUDA (registered huge-page memory read over UVA by the copy kernel): the same steps
+    over a pinned and a THP pool give the same slot tables, counts and device rows, and every
+    device row is the selected host row."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA (GPU test)")
+    rng = np.random.default_rng(11)
+    K, D, S, B = 256, 512, 20000, 8
+    kw = dict(num_layers=1, max_requests=B, max_seq_len=S + 16, row_bytes=656, top_k=K,
+              device_buffer_size=D, page_size=64, device="cuda", seed=2)
+    pools = {a: HiSparseCoordinator(host_alloc=a, **kw) for a in ("pinned", "thp")}
+    assert pools["thp"].host_kv.data_ptr() % HUGE_PAGE == 0
+    rows = [torch.randint(0, 256, (S + 16, 656), dtype=torch.uint8) for _ in range(B)]
+    for c in pools.values():
+        for r in range(B):
+            c.load_host_kv(0, r, rows[r])
+        c.prefill(list(range(B)), [S - 1] * B)
+    req = torch.arange(B, dtype=torch.int32, device="cuda")
+    for step in range(3):
+        seq = S + step
+        sel = np.stack([rng.choice(seq - 1, K, replace=False) for _ in range(B)]).astype(np.int32)
+        outs = {}
+        for a, c in pools.items():
+            c.begin_step(list(range(B)), [seq] * B)
+            outs[a] = c.swap_in_selected_pages(req, torch.full((B,), seq, dtype=torch.int32,
+                                                               device="cuda"),
+                                               torch.from_numpy(sel).cuda(), 0).clone()
+        assert torch.equal(outs["pinned"], outs["thp"])
+        assert torch.equal(pools["pinned"].last_counts["misses"], pools["thp"].last_counts["misses"])
+        dev = pools["thp"].device_kv[0]
+        for b in range(B):
+            assert torch.equal(dev[outs["thp"][b].long()].cpu(), rows[b][torch.from_numpy(sel[b]).long()])

@@ -40,6 +40,7 @@ the timed steps for ``steady_state``); ``h2d_gbps`` follows, against ``ceiling_h
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 from dataclasses import dataclass
@@ -81,6 +82,15 @@ GATHER_VARIANTS: Dict[str, Dict[str, object]] = {
     "persist1x_rows8": dict(rows_per_program=8, num_warps=8, programs_per_sm=1),
     "persist4x_rows4": dict(rows_per_program=4, num_warps=4, programs_per_sm=4),
     "persist8x_rows2": dict(rows_per_program=2, num_warps=2, programs_per_sm=8),
+    # around the default (16 one-warp programs an SM, one row each), 2026-12-02 third session
+    "persist8x_rows1_w2": dict(rows_per_program=1, num_warps=2, programs_per_sm=8),
+    "persist16x_rows1_w2": dict(rows_per_program=1, num_warps=2, programs_per_sm=16),
+    "persist32x_rows1_w1": dict(rows_per_program=1, num_warps=1, programs_per_sm=32),
+    "persist16x_rows2_w2": dict(rows_per_program=2, num_warps=2, programs_per_sm=16),
+    "persist16x_rows1_w1_ldcv": dict(rows_per_program=1, num_warps=1, programs_per_sm=16,
+                                     load_cache=".cv"),
+    "persist16x_rows1_w1_stcs": dict(rows_per_program=1, num_warps=1, programs_per_sm=16,
+                                     store_cache=".cs"),
 }
 #: gather row distributions (``gather_host_rows``)
 GATHER_DISTS = ("random", "sorted", "window", "pages_4k", "contiguous")
@@ -798,6 +808,17 @@ def _sections(text: str) -> Tuple[str, ...]:
     return names
 
 
+def _pool_rows(text: str) -> Tuple[int, ...]:
+    try:
+        rows = tuple(int(x) for x in text.split(",") if x)
+    except ValueError:
+        rows = ()
+    if not rows or min(rows) < 1:
+        raise argparse.ArgumentTypeError(f"--gather-pools takes a comma list of positive row "
+                                         f"counts; got {text!r}")
+    return rows
+
+
 def _allocs(text: str) -> Tuple[str, ...]:
     names = tuple(x for x in text.split(",") if x)
     if not names or any(x not in HOST_ALLOCS for x in names):
@@ -811,8 +832,12 @@ def options(parser: argparse.ArgumentParser) -> None:
                         help=f"comma list of sections to run (default all: {','.join(SECTIONS)})")
     parser.add_argument("--host-alloc", type=_allocs, default=HOST_ALLOCS,
                         help="host pools of the gather and context sections: pinned "
-                        "(cudaHostAlloc, as the coordinator) and/or thp (huge-page mapping, "
-                        "cudaHostRegister; CUDA only). Default: pinned,thp")
+                        "(cudaHostAlloc, the coordinator's default) and/or thp (huge-page "
+                        "mapping, registered with cudaHostRegister on CUDA; "
+                        "hisparse.host_alloc=thp). Default: pinned,thp")
+    parser.add_argument("--gather-pools", type=_pool_rows, default=None,
+                        help="host pool sizes (rows) of the gather section, comma list "
+                        "(default: 1M,4M,16M rows; --quick: its own)")
 
 
 @register("swap_in", "HiSparse swap-in (resolve + copy engines): all misses, all hits, "
@@ -820,6 +845,8 @@ def options(parser: argparse.ArgumentParser) -> None:
           "swap-in vs context", options=options)
 def swap_in(run: BenchRun) -> None:
     sz = QUICK if run.quick else FULL
+    if run.args.gather_pools:
+        sz = dataclasses.replace(sz, gather_pools=run.args.gather_pools)
     run_section = {"all_misses": all_misses, "all_hits": all_hits, "steady_state": steady_state,
                    "gather": gather, "context": context}
     for name in run.args.section:
