@@ -40,10 +40,11 @@ from backends.base import Backend, BackendInvalid, ConfigError, KVLayout
 from backends.connector_residency import (ConnectorLayout, connector_layout, k_pad,
                                          max_resident_pages, pages_of)
 from backends.copy_engines import word_view
+from backends.host_memory import HOST_ALLOCS, HostRows
 from backends.hisparse_coordinator import checked_selections
 from backends.kernels.connector_resolve import (CONNECTOR_COUNT_FIELDS, NUM_CONNECTOR_COUNTS,
                                                 connector_resolve_kernel)
-from backends.kernels.swap_in import ResolveLaunch, next_pow2, resolve_scratch_width
+from backends.kernels.swap_in import MAX_TOP_K, ResolveLaunch, next_pow2, resolve_scratch_width
 
 #: rows each resolver program copies per iteration (GPU; the interpreter pays per operation)
 COPY_ROWS_GPU, COPY_ROWS_INTERPRETER = 32, 256
@@ -57,10 +58,12 @@ class HiSparseConnectorSettings:
     device_buffer_size: Optional[int] = None
     #: fraction of the point's KV pages the device pool holds (which ones: connector_residency)
     resident_fraction: float = 1.0
+    #: the host pool's memory: pinned (cudaHostAlloc) | thp (2 MiB huge pages, registered)
+    host_alloc: str = "pinned"
 
     def resolved(self, top_k: int) -> "HiSparseConnectorSettings":
         d = self.device_buffer_size if self.device_buffer_size is not None else 2 * top_k
-        return HiSparseConnectorSettings(d, self.resident_fraction)
+        return dataclasses.replace(self, device_buffer_size=d)
 
 
 def check_unique_selection(positions: np.ndarray, where: str) -> None:
@@ -76,10 +79,11 @@ def check_unique_selection(positions: np.ndarray, where: str) -> None:
 class HiSparseConnectorBackend(Backend):
     name = "hisparse_connector"
     settings = HiSparseConnectorSettings
+    choices = {"host_alloc": HOST_ALLOCS}
     stages = ("resolve", "attention")
     columns = {"device_buffer_size": "Int64", "resident_fraction": "float64",
-               "resident_page_share": "float64", "hot_requests": "Int64"}
-    variant_axes = ("resident_fraction", "device_buffer_size")
+               "resident_page_share": "float64", "hot_requests": "Int64", "host_alloc": "string"}
+    variant_axes = ("resident_fraction", "device_buffer_size", "host_alloc")
 
     device_kv = False
 
@@ -108,6 +112,9 @@ class HiSparseConnectorBackend(Backend):
         if phase != "decode":    # decode-only: other phases get the base class's invalid row
             return
         d, f = settings.device_buffer_size, settings.resident_fraction
+        if top_k > MAX_TOP_K:
+            raise ConfigError("top_k", top_k, f"must be <= {MAX_TOP_K} for hisparse_connector "
+                              f"(its resolve's counters)")
         if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < top_k:
             raise ConfigError("hisparse_connector.device_buffer_size", d,
                               f"must be an integer >= top_k ({top_k}) (None: 2 * top_k)")
@@ -208,8 +215,9 @@ class HiSparseConnectorBackend(Backend):
         self.host_table = i32(self.host_np)
         self.hot_state = i32(self.hot_np)
         self.device_kv = torch.zeros((L, lay.pool_rows, rb), dtype=torch.uint8, device=dev)
-        self.host_kv = torch.empty((L, lay.host_rows, rb), dtype=torch.uint8,
-                                   pin_memory=dev.type == "cuda")
+        self._host_memory = HostRows((L, lay.host_rows, rb), self.cfg.host_alloc,
+                                     dev.type == "cuda")
+        self.host_kv = self._host_memory.tensor
         self.slot_pos = torch.full((L, H, D), -1, dtype=torch.int32, device=dev)
         self.lru = torch.arange(D, dtype=torch.int32, device=dev).repeat(L, H, 1)
         self.out = torch.full((L, B, K), -1, dtype=torch.int32, device=dev)

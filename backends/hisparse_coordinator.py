@@ -72,8 +72,8 @@ import triton
 
 from backends.copy_engines import COPY_ENGINES, make_copy_engine
 from backends.host_memory import HOST_ALLOCS, HostRows
-from backends.kernels.swap_in import (COUNT_FIELDS, NUM_COUNT_FIELDS, ResolveLaunch, next_pow2,
-                                      resolve_scratch_width, resolve_swap_in_kernel)
+from backends.kernels.swap_in import (COUNT_FIELDS, MAX_TOP_K, NUM_COUNT_FIELDS, ResolveLaunch,
+                                      next_pow2, resolve_scratch_width, resolve_swap_in_kernel)
 
 LOAD_GRANULARITIES = ("token", "page")
 #: order of misses and hits in the LRU update (module docstring)
@@ -249,6 +249,8 @@ class HiSparseCoordinator:
         if host_alloc not in HOST_ALLOCS:
             raise ValueError(f"host_alloc must be one of {HOST_ALLOCS}, got {host_alloc!r}")
         self.host_alloc = host_alloc
+        if top_k > MAX_TOP_K:
+            raise ValueError(f"top_k must be <= {MAX_TOP_K} (the resolve's counters), got {top_k}")
         D = 2 * top_k if device_buffer_size is None else device_buffer_size
         if not isinstance(D, (int, np.integer)) or D < top_k:
             raise ValueError(f"device_buffer_size must be an integer >= top_k ({top_k}), got {D!r}")

@@ -58,10 +58,11 @@ class HostRows:
         self.tensor.view(-1)[::4096].fill_(1)      # first touch: the huge pages are faulted in
         if not cuda:
             return
-        ptr = self.tensor.data_ptr()
-        err = torch.cuda.cudart().cudaHostRegister(ptr, self.nbytes, 0)
+        # the whole mapping: torch's is_pinned() asks about the storage's first byte
+        ptr, span = flat.data_ptr(), flat.numel()
+        err = torch.cuda.cudart().cudaHostRegister(ptr, span, 0)
         if int(err) != 0:
-            raise RuntimeError(f"cudaHostRegister of {self.nbytes} bytes failed: {err}")
+            raise RuntimeError(f"cudaHostRegister of {span} bytes failed: {err}")
         weakref.finalize(self, _unregister, ptr)
 
     @property

@@ -78,6 +78,7 @@ def test_thp_pool_on_the_gpu_serves_what_the_pinned_pool_serves():
               device_buffer_size=D, page_size=64, device="cuda", seed=2)
     pools = {a: HiSparseCoordinator(host_alloc=a, **kw) for a in ("pinned", "thp")}
     assert pools["thp"].host_kv.data_ptr() % HUGE_PAGE == 0
+    assert pools["thp"].host_kv.is_pinned()          # page-locked: the UVA copy kernel's check
     rows = [torch.randint(0, 256, (S + 16, 656), dtype=torch.uint8) for _ in range(B)]
     for c in pools.values():
         for r in range(B):

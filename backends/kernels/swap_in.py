@@ -48,6 +48,9 @@ import triton.language as tl
 # Sorts after every real position; marks "not part of the LRU selection".
 SENTINEL = tl.constexpr(2147483647)
 
+#: largest selection the resolve takes (its counts of entries share one int64 in 21-bit fields)
+MAX_TOP_K = 1 << 20
+
 # Columns of the per-row counts tensor (int64).
 COUNT_FIELDS = ("hits", "misses", "tokens_loaded", "pages_loaded", "bytes_h2d", "overflow",
                 "pages_needed")
@@ -200,6 +203,11 @@ def resolve_position_order(
 
 
 @triton.jit
+def _add_pair(a0, b0, a1, b1):
+    return a0 + a1, b0 + b1
+
+
+@triton.jit
 def resolve_upstream_order(
     pos, valid, skip, seq, row, base,
     slot_unit_ptr, lru_ptr, host_page_row_ptr, plan, scr,
@@ -241,44 +249,51 @@ def resolve_upstream_order(
     rep = tl.load(s_tab + 2 * unit, mask=live, other=-1, cache_modifier=".cg")
     cand = tl.load(s_tab + 2 * unit + 1, mask=live, other=-1, cache_modifier=".cg")
     e = tl.load(s_tab + 2 * walk_u, mask=held_w, other=-1, cache_modifier=".cg")
-    lost = live & (rep != offs)         # a unit selected twice: the plain stores raced
-    if tl.sum(lost.to(tl.int32), axis=0) > 0:
+    # an entry's unit is held when its slot stamp names a slot holding that unit
+    held_e = live & (cand >= 0) & (cand < C) & \
+        (tl.gather(slot_u, tl.minimum(tl.maximum(cand, 0), BLOCK_C - 1), 0) == unit)
+    # one reduction for four counts: first entries, held first entries and entries whose plain
+    # stamp store lost a race (a unit selected twice) in 21-bit fields of one int64 (K_PAD <=
+    # 2^20), and the newest entries
+    first = live & (rep == offs)
+    lost = live & (rep != offs)
+    stats, n_newest = tl.reduce((first.to(tl.int64) + ((first & held_e).to(tl.int64) << 21)
+                                 + (lost.to(tl.int64) << 42), is_newest.to(tl.int32)),
+                                0, _add_pair)
+    n_uniq = (stats & 0x1FFFFF).to(tl.int32)
+    n_held = ((stats >> 21) & 0x1FFFFF).to(tl.int32)
+    n_lost = (stats >> 42).to(tl.int32)
+    newest_hit = (n_newest > 0).to(tl.int32)
+    if n_lost > 0:                      # duplicates: each unit's stamp is its first entry
         tl.atomic_min(s_tab + 2 * unit, offs, mask=lost, sem="relaxed")
         tl.debug_barrier()
         rep = tl.load(s_tab + 2 * unit, mask=live, other=-1, cache_modifier=".cg")
         e = tl.load(s_tab + 2 * walk_u, mask=held_w, other=-1, cache_modifier=".cg")
-    first = live & (rep == offs)
-    n_uniq = tl.sum(first.to(tl.int32), axis=0)
-    newest_hit = (tl.sum(is_newest.to(tl.int32), axis=0) > 0).to(tl.int32)
+        first = live & (rep == offs)
+        n_uniq = tl.sum(first.to(tl.int32), axis=0)
+        n_held = tl.sum((first & held_e).to(tl.int32), axis=0)
     overflow = is_long & (n_uniq > C)
     do_long = is_long & (n_uniq <= C) & (n_uniq > 0)
     do_k = (offs * 0 + do_long.to(tl.int32)) != 0                 # (no block & scalar-bool)
     do_c = (lane * 0 + do_long.to(tl.int32)) != 0
     resolved = first & do_k
 
-    # ---- 3. hits from both sides: a slot whose unit's first entry holds that unit, an entry
-    # whose unit's slot holds that unit --------------------------------------------------------
-    e_in = (e >= 0) & (e < K_PAD)
-    hit_w = do_c & held_w & e_in & \
+    # ---- 3. hits: a slot whose unit's first entry has that unit; the rest are evictable ------
+    hit_w = held_w & (e >= 0) & (e < K_PAD) & \
         (tl.gather(key, tl.minimum(tl.maximum(e, 0), K_PAD - 1), 0) == walk_u)
-    c_in = (cand >= 0) & (cand < C)
-    hit_e = resolved & c_in & \
-        (tl.gather(slot_u, tl.minimum(tl.maximum(cand, 0), BLOCK_C - 1), 0) == unit)
-    ev = do_c & mc & ~hit_w
-    hit_i = hit_w.to(tl.int32)
-    ev_i = ev.to(tl.int32)
-    n_hit = tl.sum(hit_i, axis=0)
-    n_evict = tl.sum(ev_i, axis=0)
-    first_hit = tl.min(tl.where(hit_w, lane, C), axis=0)   # walk position of the first hit
+    hit_cum = tl.cumsum(hit_w.to(tl.int32), axis=0)       # hits up to and including the lane
+    ev = mc & ~hit_w
+    ev_rank = lane - hit_cum                               # of an evictable lane
+    # every held first entry is a hit and every hit slot holds one (a unit is in one slot)
+    n_hit = tl.where(do_long, n_held, 0)
+    n_miss = tl.where(do_long, n_uniq - n_held, 0)
+    n_evict = tl.where(do_long, C - n_hit, 0)
 
     # ---- 4. the i-th miss (entry order) takes the i-th evictable (walk order); miss plan -----
-    is_miss = resolved & ~hit_e
-    miss_i = is_miss.to(tl.int32)
-    miss_rank = tl.cumsum(miss_i, axis=0) - 1
-    n_miss = tl.sum(miss_i, axis=0)
-    ev_rank = tl.cumsum(ev_i, axis=0) - 1
+    is_miss = resolved & ~held_e
     miss_slot = offs * 0
     if n_miss > 0:
+        miss_rank = tl.cumsum(is_miss.to(tl.int32), axis=0) - 1
         tl.store(s_evict + ev_rank, walk_slot, mask=ev & (ev_rank < n_miss))
         tl.debug_barrier()
         miss_slot = tl.load(s_evict + miss_rank, mask=is_miss, other=0, cache_modifier=".cg")
@@ -290,20 +305,19 @@ def resolve_upstream_order(
     tl.store(plan, n_miss)
 
     # ---- 5. new LRU: stale evictables, the misses' slots, the hits (walk order) -------------
-    # Each walked slot's new place, written in one scatter; unchanged (not written) when nothing
-    # missed and the hits already close the order.
+    # each walked slot's new place, written in one scatter (the same order again when nothing
+    # missed and the hits already close it)
     n_kept = n_evict - n_miss
-    hit_rank = tl.cumsum(hit_i, axis=0) - 1
-    new_at = tl.where(hit_w, n_evict + hit_rank,
+    new_at = tl.where(hit_w, n_evict + hit_cum - 1,
                       tl.where(ev_rank < n_miss, n_kept + ev_rank, ev_rank - n_miss))
-    moved = (n_miss > 0) | (first_hit < C - n_hit)
-    write = do_c & mc & ((lane * 0 + moved.to(tl.int32)) != 0)
-    tl.store(lru_ptr + row + new_at, walk_slot, mask=write)
+    tl.store(lru_ptr + row + new_at, walk_slot, mask=do_c & mc)
 
     # ---- 6. each entry's hot slot (-1: not resolved here): its unit's first entry's --------
-    first_slot = tl.where(hit_e, cand, tl.where(is_miss, miss_slot, -1))
-    slot = tl.where(live & do_k,
-                    tl.gather(first_slot, tl.minimum(tl.maximum(rep, 0), K_PAD - 1), 0), -1)
+    first_slot = tl.where(resolved & held_e, cand, tl.where(is_miss, miss_slot, -1))
+    slot = tl.where(live & do_k, first_slot, -1)
+    if n_lost > 0:
+        slot = tl.where(live & do_k,
+                        tl.gather(first_slot, tl.minimum(tl.maximum(rep, 0), K_PAD - 1), 0), -1)
     return unit, slot, is_newest, long_blk, is_long, n_uniq, n_hit, n_miss, newest_hit, overflow
 
 
