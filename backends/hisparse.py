@@ -27,8 +27,8 @@ from backends.attention import resolve_attention
 from backends.base import COUNT_KEYS, Backend, BackendInvalid, BackendUnavailable, ConfigError, KVLayout
 from backends.copy_engines import COPY_ENGINES
 from backends.host_memory import HOST_ALLOCS
-from backends.hisparse_coordinator import (LOAD_GRANULARITIES, LRU_ORDERS, HiSparseCoordinator,
-                                           checked_selections)
+from backends.hisparse_coordinator import (DEFAULT_HOST_ALLOC, LOAD_GRANULARITIES, LRU_ORDERS,
+                                           HiSparseCoordinator, checked_selections)
 
 #: swap-in implementations: ours, or SGLang's own kernel
 COORDINATORS = ("triton", "sglang")
@@ -47,7 +47,7 @@ class HiSparseSettings:
     copy_engine: str = "uva_kernel"            # uva_kernel | memcpy | staged
     coordinator: str = "triton"                # triton (ours) | sglang (upstream swap-in kernel)
     lru_order: str = "upstream"                # upstream (SGLang's order) | position (ascending)
-    host_alloc: str = "pinned"                 # pinned (cudaHostAlloc) | thp (2 MiB huge pages)
+    host_alloc: str = DEFAULT_HOST_ALLOC       # registered (SGLang's) | pinned | thp (huge pages)
 
     def resolved(self, top_k: int) -> "HiSparseSettings":
         d = self.device_buffer_size if self.device_buffer_size is not None else 2 * top_k

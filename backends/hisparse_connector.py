@@ -58,7 +58,8 @@ class HiSparseConnectorSettings:
     device_buffer_size: Optional[int] = None
     #: fraction of the point's KV pages the device pool holds (which ones: connector_residency)
     resident_fraction: float = 1.0
-    #: the host pool's memory: pinned (cudaHostAlloc) | thp (2 MiB huge pages, registered)
+    #: the host pool's memory (backends/host_memory.py): pinned (cudaHostAlloc, torch's
+    #: pin_memory) | registered (pageable + cudaHostRegister) | thp (2 MiB huge pages, registered)
     host_alloc: str = "pinned"
 
     def resolved(self, top_k: int) -> "HiSparseConnectorSettings":

@@ -76,6 +76,8 @@ from backends.kernels.swap_in import (COUNT_FIELDS, MAX_TOP_K, NUM_COUNT_FIELDS,
                                       next_pow2, resolve_scratch_width, resolve_swap_in_kernel)
 
 LOAD_GRANULARITIES = ("token", "page")
+#: the host pool's allocation by default: SGLang's (``backends/host_memory.py``)
+DEFAULT_HOST_ALLOC = "registered"
 #: order of misses and hits in the LRU update (module docstring)
 LRU_ORDERS = ("upstream", "position")
 
@@ -197,8 +199,9 @@ class HiSparseCoordinator:
       page_size: host allocation page and reserved page, in tokens.
       load_granularity: 'token' (upstream SGLang) or 'page' (whole logical pages).
       copy_engine: 'uva_kernel' (default, no host sync), 'memcpy' or 'staged'.
-      host_alloc: the host pool's memory, 'pinned' (default, cudaHostAlloc) or 'thp' (2 MiB
-        transparent huge pages registered with cudaHostRegister; ``backends/host_memory.py``).
+      host_alloc: the host pool's memory (``backends/host_memory.py``): 'registered' (default:
+        pageable memory registered with cudaHostRegister, as SGLang's host pool), 'pinned'
+        (cudaHostAlloc) or 'thp' (2 MiB transparent huge pages, registered).
       lru_order: 'upstream' (default: SGLang's kernel) or 'position' (module docstring).
       resolve_launch: the resolve kernel's launch configuration (default: ``ResolveLaunch()``).
       host_rows: host pool rows per layer; default enough for every request at ``max_seq_len``
@@ -212,7 +215,8 @@ class HiSparseCoordinator:
                  top_k: int, device_buffer_size: Optional[int] = None, page_size: int = 64,
                  load_granularity: str = "token", copy_engine: str = "uva_kernel",
                  lru_order: str = "upstream", resolve_launch: Optional[ResolveLaunch] = None,
-                 host_rows: Optional[int] = None, host_alloc: str = "pinned", device="cuda",
+                 host_rows: Optional[int] = None, host_alloc: str = DEFAULT_HOST_ALLOC,
+                 device="cuda",
                  seed: int = 0):
         self._configure(num_layers=num_layers, max_requests=max_requests, max_seq_len=max_seq_len,
                         row_bytes=row_bytes, top_k=top_k, device_buffer_size=device_buffer_size,
@@ -298,7 +302,7 @@ class HiSparseCoordinator:
         kwargs.pop("seed", None)
         obj._configure(**{"device_buffer_size": None, "page_size": 64, "load_granularity": "token",
                           "copy_engine": "uva_kernel", "lru_order": "upstream", "host_rows": None,
-                          "host_alloc": "pinned", "device": "cpu", **kwargs})
+                          "host_alloc": DEFAULT_HOST_ALLOC, "device": "cpu", **kwargs})
         return obj.footprint()
 
     def _init_state(self, copy_engine: str, seed: int) -> None:

@@ -1,10 +1,13 @@
 """Host memory the GPU reads in place (zero copy over UVA): the offloading designs' host KV pools.
 
-Two allocations (``HOST_ALLOCS``):
+Three allocations (``HOST_ALLOCS``):
 
 * ``pinned``: ``torch.empty(pin_memory=True)``, i.e. cudaHostAlloc through torch's caching host
-  allocator (4 KiB pages; torch rounds the block up to a power of two). What SGLang's host pool
-  uses.
+  allocator (4 KiB pages; torch rounds the block up to a power of two; a freed block is kept for
+  the next allocation of the process).
+* ``registered``: a plain (pageable) ``torch.empty`` CPU tensor, then page-locked and mapped for
+  the device with ``cudaHostRegister``: what SGLang's host KV pool does on CUDA
+  (``alloc_with_host_register`` in ``sglang/srt/mem_cache/memory_pool_host.py``).
 * ``thp``: an anonymous mapping aligned to 2 MiB, advised ``MADV_HUGEPAGE`` (transparent huge
   pages), then page-locked and mapped for the device with ``cudaHostRegister``. Fewer, larger
   pages: the GPU's translation of host addresses misses less when the rows a step reads are
@@ -12,8 +15,8 @@ Two allocations (``HOST_ALLOCS``):
   mapping with huge pages depends on ``/sys/kernel/mm/transparent_hugepage``; ``huge_fraction``
   says how much of it got them.
 
-Without CUDA neither is page-locked: ``pinned`` is plain pageable memory, ``thp`` the same
-mapping unregistered (the Triton interpreter reads both directly).
+Without CUDA none is page-locked: each is plain pageable memory (``thp`` the same mapping,
+unregistered); the Triton interpreter reads it directly.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-HOST_ALLOCS = ("pinned", "thp")
+HOST_ALLOCS = ("pinned", "registered", "thp")
 HUGE_PAGE = 2 << 20
 
 
@@ -49,6 +52,11 @@ class HostRows:
         if alloc == "pinned":
             self.tensor = torch.empty(self.shape, dtype=torch.uint8, pin_memory=cuda)
             return
+        if alloc == "registered":
+            self.tensor = torch.empty(self.shape, dtype=torch.uint8)
+            if cuda:
+                self._register(self.tensor.data_ptr(), self.nbytes)
+            return
         self._map = mmap.mmap(-1, self.nbytes + HUGE_PAGE,
                               flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         self._map.madvise(mmap.MADV_HUGEPAGE)
@@ -59,10 +67,13 @@ class HostRows:
         if not cuda:
             return
         # the whole mapping: torch's is_pinned() asks about the storage's first byte
-        ptr, span = flat.data_ptr(), flat.numel()
-        err = torch.cuda.cudart().cudaHostRegister(ptr, span, 0)
+        self._register(flat.data_ptr(), flat.numel())
+
+    def _register(self, ptr: int, nbytes: int) -> None:
+        """Page-locks ``[ptr, ptr + nbytes)`` for the device until this object is collected."""
+        err = torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 0)
         if int(err) != 0:
-            raise RuntimeError(f"cudaHostRegister of {span} bytes failed: {err}")
+            raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed: {err}")
         weakref.finalize(self, _unregister, ptr)
 
     @property

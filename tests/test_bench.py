@@ -242,7 +242,7 @@ def test_swap_in_quick(tmp_path):
     assert sorted(resolve["batch_size"]) == [1, sz.batch]
     # context: equal misses at every context, in both host pools
     ctx = swap[swap["case"].str.startswith("context")]
-    assert set(ctx["case"]) == {"context", "context+thp"}
+    assert set(ctx["case"]) == {"context", "context+registered", "context+thp"}
     assert set(ctx["context_len"]) == set(sz.context_lens)
     per_step = sz.context_batch * (sz.top_k - round(sz.overlap_c * sz.top_k))
     assert (ctx["misses"] == per_step).all()

@@ -8,7 +8,7 @@ from backends.host_memory import HUGE_PAGE, HostRows, anon_huge_fraction
 from harness.lru_model import CoordinatorModel
 
 
-@pytest.mark.parametrize("alloc", ["pinned", "thp"])
+@pytest.mark.parametrize("alloc", ["pinned", "registered", "thp"])
 def test_host_rows_hold_what_is_written(alloc):
     m = HostRows((300, 656), alloc, cuda=False)
     assert m.tensor.shape == (300, 656) and m.tensor.dtype == torch.uint8
@@ -22,7 +22,7 @@ def test_host_rows_hold_what_is_written(alloc):
 
 
 def test_host_rows_reject_an_unknown_allocation():
-    with pytest.raises(ValueError, match="host_alloc must be one of .*pinned.*thp"):
+    with pytest.raises(ValueError, match="host_alloc must be one of .*pinned.*registered.*thp"):
         HostRows((4, 4), "hugetlbfs", cuda=False)
     with pytest.raises(ValueError, match="host_alloc must be one of"):
         HiSparseCoordinator(num_layers=1, max_requests=1, max_seq_len=64, row_bytes=16, top_k=4,
@@ -66,19 +66,21 @@ def test_coordinator_on_thp_memory_matches_the_model():
 
 
 @pytest.mark.gpu
-def test_thp_pool_on_the_gpu_serves_what_the_pinned_pool_serves():
-    """On CUDA (registered huge-page memory read over UVA by the copy kernel): the same steps
-    over a pinned and a THP pool give the same slot tables, counts and device rows, and every
-    device row is the selected host row."""
+def test_every_host_pool_on_the_gpu_serves_the_same_rows():
+    """On CUDA (host memory read in place over UVA by the copy kernel): the same steps over a
+    pinned, a registered and a THP pool give the same slot tables, counts and device rows, and
+    every device row is the selected host row."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA (GPU test)")
     rng = np.random.default_rng(11)
     K, D, S, B = 256, 512, 20000, 8
     kw = dict(num_layers=1, max_requests=B, max_seq_len=S + 16, row_bytes=656, top_k=K,
               device_buffer_size=D, page_size=64, device="cuda", seed=2)
-    pools = {a: HiSparseCoordinator(host_alloc=a, **kw) for a in ("pinned", "thp")}
+    pools = {a: HiSparseCoordinator(host_alloc=a, **kw) for a in ("pinned", "registered", "thp")}
+    assert HiSparseCoordinator(**kw).host_alloc == "registered"      # SGLang's, the default
     assert pools["thp"].host_kv.data_ptr() % HUGE_PAGE == 0
-    assert pools["thp"].host_kv.is_pinned()          # page-locked: the UVA copy kernel's check
+    for c in pools.values():                      # page-locked: the UVA copy kernel's check
+        assert c.host_kv.is_pinned()
     rows = [torch.randint(0, 256, (S + 16, 656), dtype=torch.uint8) for _ in range(B)]
     for c in pools.values():
         for r in range(B):
@@ -94,8 +96,10 @@ def test_thp_pool_on_the_gpu_serves_what_the_pinned_pool_serves():
             outs[a] = c.swap_in_selected_pages(req, torch.full((B,), seq, dtype=torch.int32,
                                                                device="cuda"),
                                                torch.from_numpy(sel).cuda(), 0).clone()
-        assert torch.equal(outs["pinned"], outs["thp"])
-        assert torch.equal(pools["pinned"].last_counts["misses"], pools["thp"].last_counts["misses"])
-        dev = pools["thp"].device_kv[0]
-        for b in range(B):
-            assert torch.equal(dev[outs["thp"][b].long()].cpu(), rows[b][torch.from_numpy(sel[b]).long()])
+        for a, c in pools.items():
+            assert torch.equal(outs["pinned"], outs[a])
+            assert torch.equal(pools["pinned"].last_counts["misses"], c.last_counts["misses"])
+            dev = c.device_kv[0]
+            for b in range(B):
+                assert torch.equal(dev[outs[a][b].long()].cpu(),
+                                   rows[b][torch.from_numpy(sel[b]).long()])

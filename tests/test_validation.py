@@ -17,7 +17,7 @@ from harness.validate import ConfigError, check_value
     ("kv_dtype", "fp16", "bf16, fp8_ds_mla"),
     ("step_overlap", 1.5, "[0, 1]"),
     ("hisparse.coordinator", "vllm", "triton, sglang"),
-    ("hisparse.host_alloc", "hugetlb", "pinned, thp"),
+    ("hisparse.host_alloc", "hugetlb", "pinned, registered, thp"),
 ])
 def test_check_value_names_field_and_allowed(field, value, needle):
     with pytest.raises(ConfigError) as e:

@@ -15,9 +15,10 @@ pages; ``--quick``: ``QUICK``):
   state before each step recorded; each timed call then starts, in its untimed set-up, from the
   recorded state of its step, so every engine times the same checked steps.
 * ``gather`` (issue #13): the ``uva_kernel`` copy alone (``GatherCase``): ``gather_rows`` rows
-  of 656 B from host pools of ``gather_pools`` rows, per host allocation (``--host-alloc``:
-  torch's pinned allocator, or a transparent-huge-page mapping registered with
-  cudaHostRegister), row distribution (``GATHER_DISTS``: random, sorted, a 64 MiB window,
+  of 656 B from host pools of ``gather_pools`` rows, per host allocation (``--host-alloc``,
+  ``backends/host_memory.py``: torch's pinned allocator, pageable memory registered with
+  cudaHostRegister as SGLang's pool, or a transparent-huge-page mapping registered), row
+  distribution (``GATHER_DISTS``: random, sorted, a 64 MiB window,
   whole 4 KiB pages, contiguous) and launch variant (``GATHER_VARIANTS``, at the smallest
   pool), ``gather_runs`` independent runs each (fresh rows; ``seed`` = run). A pool that cannot
   be allocated is skipped with a printed reason. Printed last: GB/s of each run's median and
@@ -52,7 +53,7 @@ import torch
 
 from backends.copy_engines import (COPY_ENGINES, UVA_CUDA_LAUNCH, UvaKernelEngine,
                                    uva_engine_per_sm)
-from backends.hisparse_coordinator import HiSparseCoordinator
+from backends.hisparse_coordinator import DEFAULT_HOST_ALLOC, HiSparseCoordinator
 from backends.host_memory import HOST_ALLOCS, HostRows
 from harness import results
 from harness.bench.measure import NAN, BenchRun, Check, exact
@@ -140,7 +141,7 @@ def random_rows(n: int, row_bytes: int, device: torch.device, seed: int) -> torc
 
 
 def coordinator(sz: Sizes, device: torch.device, max_requests: int, max_seq_len: int,
-                host_alloc: str = "pinned") -> HiSparseCoordinator:
+                host_alloc: str = DEFAULT_HOST_ALLOC) -> HiSparseCoordinator:
     """A one-layer token-mode coordinator (``uva_kernel`` copies) of these sizes."""
     return HiSparseCoordinator(
         num_layers=1, max_requests=max_requests, max_seq_len=max_seq_len,
@@ -420,7 +421,7 @@ def _misses_vs(got: List[int], want: List[int]) -> str:
 # ------------------------------------------------------------------------ host pools
 class HostPool:
     """A uint8 ``[rows, row_bytes]`` host pool for the zero-copy kernel (``HostRows`` in
-    ``alloc`` memory: 'pinned' as the coordinator allocates by default, or 'thp'), filled with
+    ``alloc`` memory: 'pinned', 'registered' or 'thp'), filled with
     fresh random bytes. ``mirror``: the same bytes on ``device`` (checks compare with it, so the
     CPU never reads the pool and leaves no row in its caches); ``huge_fraction``: share of the
     pool's bytes backed by transparent huge pages (NaN where not readable). ``close()`` frees
@@ -831,10 +832,10 @@ def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--section", type=_sections, default=SECTIONS,
                         help=f"comma list of sections to run (default all: {','.join(SECTIONS)})")
     parser.add_argument("--host-alloc", type=_allocs, default=HOST_ALLOCS,
-                        help="host pools of the gather and context sections: pinned "
-                        "(cudaHostAlloc, the coordinator's default) and/or thp (huge-page "
-                        "mapping, registered with cudaHostRegister on CUDA; "
-                        "hisparse.host_alloc=thp). Default: pinned,thp")
+                        help="host pools of the gather and context sections, comma list of "
+                        "pinned (cudaHostAlloc), registered (pageable + cudaHostRegister: "
+                        "SGLang's and the coordinator's default) and thp (huge-page mapping, "
+                        "registered); hisparse.host_alloc takes the same names. Default: all")
     parser.add_argument("--gather-pools", type=_pool_rows, default=None,
                         help="host pool sizes (rows) of the gather section, comma list "
                         "(default: 1M,4M,16M rows; --quick: its own)")
