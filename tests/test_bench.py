@@ -217,8 +217,10 @@ def test_attention_quick_flags_a_wrong_kernel(tmp_path, monkeypatch):
 
 
 def test_swap_in_quick(tmp_path):
+    """Every section but the gather (``tests/test_copy_engines.py`` runs it: its persistent
+    launches cost the interpreter one step per row and program)."""
     sz = swap_in_bench.QUICK
-    rc, df = run_bench(tmp_path, "swap_in")
+    rc, df = run_bench(tmp_path, "swap_in", "--section", "all_misses,all_hits,steady_state,context")
     assert rc == 0
     ok = assert_measured(df, "swap_in")
     assert len(ok) == len(df) and (df["max_rel_err"] == 0).all()

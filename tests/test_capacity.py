@@ -46,14 +46,13 @@ def _flashmla_bytes(batch, max_pos=123, P=16):
 
 def _hisparse_bytes(batch, max_pos=123, P=16, K=16):
     D = 2 * K
-    k_pad = max(16, 1 << (K - 1).bit_length())
     per = ((D + P) * ROW_BYTES            # hot buffer + reserved page
            + 2 * D * 4                      # slot map + LRU order
            + -(-max_pos // P) * 4           # host page table
            + K * 4                          # slot table
            + (1 + 2 * min(K, D)) * 4        # miss plan
            + 7 * 8                          # counts (7 fields)
-           + (2 * k_pad + 2 * D + max_pos) * 4)  # resolve scratch (upstream order: stamps)
+           + (D + 2 * max_pos) * 4)         # resolve scratch (upstream: evictables, 2 stamps a unit)
     return batch * per + _shared(batch, max_pos, P)
 
 

@@ -63,6 +63,14 @@ def ratios_from_rows(rows):
     return out
 
 
+def expected_rows(rows) -> int:
+    """Rows of the capacity preset: one ``max`` row per (design, context, tp size), and one at the
+    listed batch 1 wherever the design holds more than one request (else that point is the max)."""
+    mx = rows[rows["capacity_point"] == "max"]
+    assert len(mx) == 3 * len(CONTEXTS) * 2
+    return len(mx) + int((mx["max_batch"] > 1).sum())
+
+
 def expected_verdict(ratios, short, long, band=(0.8, 1.25), long_min=2.0, tol=0.05):
     s = [r for c, r in ratios.items() if c <= short]
     lg = [r for c, r in ratios.items() if c >= long]
@@ -83,7 +91,7 @@ def test_capacity_section_and_csvs_from_a_cpu_sweep(tree):
     path = report.write_report(tree, capacity_claim=cm.DirectionClaim(short_context=64, long_context=256))
     out, md = path.parent, path.read_text()
     cap_rows = results.load(tree / "capacity")
-    assert set(cap_rows["scenario"]) == {"capacity"} and len(cap_rows) == 18
+    assert set(cap_rows["scenario"]) == {"capacity"} and len(cap_rows) == expected_rows(cap_rows)
     assert "## Capacity under an HBM budget (measured)" in md
     assert "not evidence about GPU performance" in md.split("## Capacity under")[1]   # CPU caveat
     for f in report.CAPACITY_CSVS:
@@ -132,7 +140,7 @@ def test_tradeoff_analysis_reads_decode_rows_only(tree):
     assert int(a.pb["n_rows"].sum()) == len(dec)
     assert set(a.pairs) == set(OFFLOADING)                   # the decode sweep ran all three designs
     assert {"ratio", "connector_ratio", f"{HC}_us"} <= set(a.trade.columns)
-    assert len(a.capacity_view.rows) == 18
+    assert len(a.capacity_view.rows) == expected_rows(results.load(tree / "capacity"))
 
 
 def test_capacity_only_tree_reports(tree):

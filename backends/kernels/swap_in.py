@@ -105,6 +105,20 @@ def _lower_bound(table_ptr, n, key, STEPS: tl.constexpr):
 
 
 @triton.jit
+def _selection_units(pos, valid, skip, seq, D, UNIT: tl.constexpr):
+    """Per entry of a selection: its unit (-1 when not ``valid``); whether the request is long
+    (``seq > D``: a scalar and, for block expressions, a block); whether the entry is the newest
+    unit of a long request (served from the reserved page, outside the LRU)."""
+    unit = tl.where(valid, pos // UNIT, -1)
+    # (block & scalar-bool is avoided: the Triton interpreter mistypes it)
+    is_long = seq > D
+    long_blk = (pos * 0 + seq) > D
+    newest_unit = tl.where(is_long, (seq - 1) // UNIT, -2)
+    is_newest = valid & ~skip & (unit == newest_unit)
+    return unit, is_long, long_blk, is_newest
+
+
+@triton.jit
 def resolve_position_order(
     pos, valid, skip, seq, row, base,
     slot_unit_ptr, lru_ptr, host_page_row_ptr, plan, scr,
@@ -122,12 +136,7 @@ def resolve_position_order(
 
     # ---- 1. selection -> sorted unique units (the newest unit of a long request is excluded) --
     offs = tl.arange(0, K_PAD)
-    unit = tl.where(valid, pos // UNIT, -1)
-    # (block & scalar-bool is avoided: the Triton interpreter mistypes it)
-    is_long = seq > D
-    long_blk = (pos * 0 + seq) > D
-    newest_unit = tl.where(is_long, (seq - 1) // UNIT, -2)
-    is_newest = valid & ~skip & (unit == newest_unit)
+    unit, is_long, long_blk, is_newest = _selection_units(pos, valid, skip, seq, D, UNIT)
     key = tl.where(valid & ~skip & ~is_newest, unit, SENTINEL)
     srt = sort_ascending(key, K_PAD, LOG_K_PAD)
     tl.store(s_sorted + offs, srt)
@@ -223,11 +232,7 @@ def resolve_upstream_order(
 
     # ---- 1. inputs: the selection's units, the hot buffer in walk and in slot order ---------
     offs = tl.arange(0, K_PAD)
-    unit = tl.where(valid, pos // UNIT, -1)
-    is_long = seq > D
-    long_blk = (pos * 0 + seq) > D
-    newest_unit = tl.where(is_long, (seq - 1) // UNIT, -2)
-    is_newest = valid & ~skip & (unit == newest_unit)
+    unit, is_long, long_blk, is_newest = _selection_units(pos, valid, skip, seq, D, UNIT)
     # units past the stamp table (seq_len beyond the coordinator's maximum) take no part
     live = valid & ~skip & ~is_newest & (unit < N_UNITS)
     key = tl.where(live, unit, -1)
