@@ -50,11 +50,13 @@ def _check(q, cache, idx, d_v, kv_dtype, **kw):
 
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_ds_mla"])
 @pytest.mark.parametrize("num_splits", [1, 3])
-def test_matches_reference(device, kv_dtype, num_splits):
+@pytest.mark.parametrize("split_scores", [False, True])
+def test_matches_reference(device, kv_dtype, num_splits, split_scores):
     # H=16 < block_h=64 (a partial head block); K=100 is not a multiple of the 32-token tile
     q, cache, idx = _inputs(11 + num_splits, b=3, h=16, d_nope=256, d_rope=64, k=100,
                             num_slots=400, kv_dtype=kv_dtype, device=device)
-    _check(q, cache, idx, 256, kv_dtype, block_h=64, block_n=32, num_splits=num_splits)
+    _check(q, cache, idx, 256, kv_dtype, block_h=64, block_n=32, num_splits=num_splits,
+           split_scores=split_scores)
 
 
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_ds_mla"])
@@ -67,11 +69,12 @@ def test_head_blocks_not_dividing_h_and_auto_splits(device, kv_dtype):
 
 @pytest.mark.parametrize("kv_dtype, d_nope, d_rope", [("bf16", 384, 32), ("fp8_ds_mla", 384, 32),
                                                       ("fp8_ds_mla", 128, 0), ("bf16", 200, 56)])
-def test_other_widths(device, kv_dtype, d_nope, d_rope):
+@pytest.mark.parametrize("split_scores", [False, True])
+def test_other_widths(device, kv_dtype, d_nope, d_rope, split_scores):
     # d_nope not a power of two (padded inside the kernel), no rope at all, odd bf16 widths
     q, cache, idx = _inputs(31 + d_nope, b=2, h=16, d_nope=d_nope, d_rope=d_rope, k=40,
                             num_slots=120, kv_dtype=kv_dtype, device=device)
-    _check(q, cache, idx, d_nope, kv_dtype, block_n=16, num_splits=2)
+    _check(q, cache, idx, d_nope, kv_dtype, block_n=16, num_splits=2, split_scores=split_scores)
 
 
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_ds_mla"])
@@ -84,7 +87,8 @@ def test_prefetch_modes(device, kv_dtype, prefetch):
 
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_ds_mla"])
 @pytest.mark.parametrize("num_splits", [1, 2])
-def test_masked_rows_out_of_range_and_duplicates(device, kv_dtype, num_splits):
+@pytest.mark.parametrize("split_scores", [False, True])
+def test_masked_rows_out_of_range_and_duplicates(device, kv_dtype, num_splits, split_scores):
     q, cache, idx = _inputs(51, b=3, h=16, d_nope=256, d_rope=64, k=64, num_slots=150,
                             kv_dtype=kv_dtype, device=device, pad_frac=0.0)
     idx = idx.clone()
@@ -93,7 +97,8 @@ def test_masked_rows_out_of_range_and_duplicates(device, kv_dtype, num_splits):
     idx[1, 45] = 150                                   # == num_slots: out of range -> masked
     idx[1, 50] = 2 ** 31 - 1
     idx[2, 10:20] = idx[2, 5]                          # one slot 11 times
-    out, lse, ref_out, _ = _check(q, cache, idx, 256, kv_dtype, block_n=32, num_splits=num_splits)
+    out, lse, ref_out, _ = _check(q, cache, idx, 256, kv_dtype, block_n=32, num_splits=num_splits,
+                                  split_scores=split_scores)
     assert torch.all(out[0] == 0) and torch.all(torch.isinf(lse[0]) & (lse[0] > 0))
     assert torch.isfinite(lse[1:]).all() and torch.isfinite(out.float()).all()
     # duplicates count as often as they appear: the reference with the copies removed is far
@@ -150,7 +155,8 @@ def test_validation_errors(device):
     for kw, msg in [({"block_h": 48}, "block_h"), ({"block_n": 8}, "block_n"),
                     ({"num_warps": 3}, "num_warps"), ({"num_stages": 0}, "num_stages"),
                     ({"num_splits": 0}, "num_splits"), ({"prefetch": "all"}, "prefetch"),
-                    ({"mma_dtype": torch.float32}, "mma_dtype")]:
+                    ({"mma_dtype": torch.float32}, "mma_dtype"),
+                    ({"split_scores": "yes"}, "split_scores")]:
         with pytest.raises(ValueError, match=msg):
             f(q, cache, idx, s, 256, **kw)
 
@@ -167,7 +173,8 @@ def test_empty_top_k(device):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_ds_mla"])
 @pytest.mark.parametrize("b", [4, 16])
-def test_dsv32_size_gpu(kv_dtype, b):
+@pytest.mark.parametrize("split_scores", [False, True])
+def test_dsv32_size_gpu(kv_dtype, b, split_scores):
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(100 + b)
     n = 65536
@@ -177,10 +184,11 @@ def test_dsv32_size_gpu(kv_dtype, b):
     idx = torch.rand(b, n, generator=g, device=dev).topk(2048, dim=1).indices.to(torch.int32)
     idx[:, -100:] = -1
     idx[b - 1] = -1                                   # one fully masked row
-    out, lse, _, _ = _check(q, cache, idx, 512, kv_dtype)
+    out, lse, _, _ = _check(q, cache, idx, 512, kv_dtype, split_scores=split_scores)
     assert torch.all(out[b - 1] == 0) and torch.all(lse[b - 1] == math.inf)
     # fp16 MMA operands (the interpreter's instantiation) agree with the bf16 ones
-    out16, lse16 = sparse_mla_decode(q, cache, idx, 576 ** -0.5, 512, mma_dtype=torch.float16)
+    out16, lse16 = sparse_mla_decode(q, cache, idx, 576 ** -0.5, 512, mma_dtype=torch.float16,
+                                     split_scores=split_scores)
     assert ((out16.float() - out.float()).norm() / out.float().norm()).item() <= REL_TOL
 
 
@@ -272,7 +280,8 @@ def test_tune_quick_runs_every_variant_against_the_reference(tmp_path, capsys):
     # the resolved launch: every keyword argument, the split count actually launched
     cfg = dict(zip(ours["variant"], map(json.loads, ours["launch_config"])))
     assert cfg["split3_n32"]["num_splits"] == 3 and cfg["split3_n32"]["block_n"] == 32
-    assert set(cfg["default"]) == {"block_h", "block_n", "num_warps", "num_stages", "num_splits", "prefetch"}
+    assert set(cfg["default"]) == {"block_h", "block_n", "num_warps", "num_stages", "num_splits", "prefetch",
+                                   "split_scores"}
     theirs = df[df["kernel"] == "flashmla"]
     if not torch.cuda.is_available():
         assert rc == 0 and list(theirs["status"]) == ["unavailable"]

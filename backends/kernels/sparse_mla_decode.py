@@ -117,6 +117,48 @@ def _gather_rows(valid, row,
 
 
 @triton.jit
+def _scores(q_nope, q_rope, kv, rope, valid, qk_scale_log2,
+            D_ROPE: tl.constexpr, MMA_DTYPE: tl.constexpr, SPLIT_SCORES: tl.constexpr):
+    """Base-2 scores ``[BLOCK_H, BLOCK_N]`` fp32 of one tile, masked tokens -inf.
+
+    ``SPLIT_SCORES``: the NoPE and rope products stay two separate dots (one accumulating into
+    the other would chain them; see :func:`_online_softmax`), each scaled before anything else
+    reads it (Triton's Hopper software pipeliner fails when an MMA result is first used inside
+    a branch)."""
+    if SPLIT_SCORES:
+        s = tl.dot(q_nope, tl.trans(kv)) * qk_scale_log2
+        if D_ROPE > 0:
+            s += tl.dot(q_rope, tl.trans(rope.to(MMA_DTYPE))) * qk_scale_log2
+    else:
+        s = tl.dot(q_nope, tl.trans(kv))
+        if D_ROPE > 0:
+            s = tl.dot(q_rope, tl.trans(rope.to(MMA_DTYPE)), acc=s)
+        s = s * qk_scale_log2
+    return tl.where(valid[None, :], s, float("-inf"))
+
+
+@triton.jit
+def _online_softmax(s, m_i, l_i, FIRST: tl.constexpr):
+    """One base-2 online-softmax step over the scores ``s [BLOCK_H, BLOCK_N]``: the new running
+    max ``m_new`` and sum ``l_new`` ``[BLOCK_H]``, the factor ``alpha [BLOCK_H]`` that rescales
+    what was accumulated so far, and ``p = exp2(s - m) [BLOCK_H, BLOCK_N]`` (all fp32).
+    ``FIRST``: the split's first tile (``m_i = -inf``, ``l_i = 0``), nothing to rescale."""
+    if FIRST:
+        m_new = tl.max(s, 1)
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)   # no valid key yet: keep p = 0
+    p = tl.exp2(s - m_use[:, None])
+    if FIRST:
+        alpha = tl.zeros_like(m_i)
+        l_new = tl.sum(p, 1)
+    else:
+        alpha = tl.exp2(m_i - m_use)
+        l_new = l_i * alpha + tl.sum(p, 1)
+    return m_new, l_new, alpha, p
+
+
+@triton.jit
 def _sparse_mla_decode_fwd(
     q_ptr, stride_qb, stride_qh,            # q [B, H, D_QK] bf16, unit last-dim stride
     kv_ptr, stride_kv,                      # bf16 rows [N, D_QK], or fp8_ds_mla bytes [N, RB] uint8
@@ -133,6 +175,7 @@ def _sparse_mla_decode_fwd(
     G: tl.constexpr,                        # fp8 scale tiles per padded row: D_V_PAD // 128 (>= 1)
     IS_FP8: tl.constexpr, SPLIT: tl.constexpr,
     PREFETCH: tl.constexpr,                 # 0: none, 1: slot ids of tile t+1, 2: rows of tile t+1
+    SPLIT_SCORES: tl.constexpr,             # S once per tile, tokens split across warpgroups
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, ROPE_VEC: tl.constexpr,
     MMA_DTYPE: tl.constexpr,
 ):
@@ -201,17 +244,23 @@ def _sparse_mla_decode_fwd(
         else:
             kv = nope.to(MMA_DTYPE)
 
-        s = tl.dot(q_nope, tl.trans(kv))
-        if D_ROPE > 0:
-            s = tl.dot(q_rope, tl.trans(rope.to(MMA_DTYPE)), acc=s)
+        s = _scores(q_nope, q_rope, kv, rope, valid, qk_scale_log2, D_ROPE, MMA_DTYPE,
+                    SPLIT_SCORES)
 
         # ---- online softmax (base 2) ----
-        s = tl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)   # no valid key yet: keep p = 0
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        if SPLIT_SCORES:
+            # Triton gives a dot whose result reaches another dot in the same block (S -> P ->
+            # PV) all warps along M, so with 64 heads on two warpgroups both would compute all
+            # of S. Its analysis stops at a branch's yield: with S reaching the PV dot only
+            # through the values this branch yields, S gets a layout of its own (the tokens
+            # split across the warpgroups) and P reaches the PV dot through shared memory, as
+            # FlashMLA shares P between its warpgroups.
+            if t == t_begin:
+                m_new, l_i, alpha, p = _online_softmax(s, m_i, l_i, True)
+            else:
+                m_new, l_i, alpha, p = _online_softmax(s, m_i, l_i, False)
+        else:
+            m_new, l_i, alpha, p = _online_softmax(s, m_i, l_i, False)
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(MMA_DTYPE), kv, acc=acc)
         m_i = m_new
@@ -358,6 +407,7 @@ class LaunchInfo:
     num_stages: int
     num_splits: int
     prefetch: str
+    split_scores: bool = False
     n_regs: Optional[int] = None
     n_spills: Optional[int] = None
     smem_bytes: Optional[int] = None
@@ -366,7 +416,7 @@ class LaunchInfo:
         """The keyword arguments of ``sparse_mla_decode`` that repeat this launch."""
         return {"block_h": self.block_h, "block_n": self.block_n, "num_warps": self.num_warps,
                 "num_stages": self.num_stages, "num_splits": self.num_splits,
-                "prefetch": self.prefetch}
+                "prefetch": self.prefetch, "split_scores": self.split_scores}
 
 
 def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor,
@@ -375,7 +425,7 @@ def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Te
 
     The arguments and results are those of :func:`sparse_mla_decode_with_info` (keyword-only
     launch options ``block_h``, ``block_n``, ``num_warps``, ``num_stages``, ``num_splits``,
-    ``prefetch``, ``mma_dtype``, ``num_sms``), without the :class:`LaunchInfo`.
+    ``prefetch``, ``split_scores``, ``mma_dtype``, ``num_sms``), without the :class:`LaunchInfo`.
     """
     out, lse, _ = sparse_mla_decode_with_info(q, kv_cache, indices, sm_scale, d_v, **launch)
     return out, lse
@@ -386,7 +436,8 @@ def sparse_mla_decode_with_info(
         sm_scale: float, d_v: int = 512, *,
         block_h: Optional[int] = None, block_n: int = 64, num_warps: int = 8,
         num_stages: Optional[int] = None, num_splits: Optional[int] = None,
-        prefetch: Optional[str] = None, mma_dtype: Optional[torch.dtype] = None,
+        prefetch: Optional[str] = None, split_scores: Optional[bool] = None,
+        mma_dtype: Optional[torch.dtype] = None,
         num_sms: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor, LaunchInfo]:
     """Sparse MQA decode over top-k gathered KV rows (Triton, flash-decoding).
 
@@ -415,6 +466,10 @@ def sparse_mla_decode_with_info(
             registers: ``"none"``, ``"index"`` (its slot ids, so each tile's gather waits on one
             memory round trip instead of two; the default) or ``"rows"`` (the whole raw
             tile; spills registers at d_v = 512).
+        split_scores: compute each tile's scores ``S`` once, its tokens split across the
+            warpgroups, and pass ``P`` to the PV product through shared memory
+            (the comment in the main loop), instead of every warpgroup computing all of ``S``;
+            default False.
         mma_dtype: MMA operand type, torch.bfloat16 or torch.float16; default bf16 on the
             GPU and fp16 under the Triton interpreter (see the module doc).
         num_sms: multiprocessors used by the split heuristic; default the device's (132 when
@@ -497,6 +552,10 @@ def sparse_mla_decode_with_info(
         prefetch = "index"
     if prefetch not in _PREFETCH_MODES:
         raise ValueError(f"prefetch must be one of {tuple(_PREFETCH_MODES)} or None, got {prefetch!r}")
+    if split_scores is None:
+        split_scores = False
+    if not isinstance(split_scores, bool):
+        raise ValueError(f"split_scores must be True, False or None, got {split_scores!r}")
     if mma_dtype is None:
         mma_dtype = torch.float16 if _interpreting() else torch.bfloat16
     if mma_dtype not in (torch.bfloat16, torch.float16):
@@ -520,7 +579,8 @@ def sparse_mla_decode_with_info(
     if top_k == 0 or num_slots == 0:
         out.zero_()
         lse.fill_(math.inf)
-        return out, lse, LaunchInfo(block_h, block_n, num_warps, num_stages, 1, prefetch)
+        return out, lse, LaunchInfo(block_h, block_n, num_warps, num_stages, 1, prefetch,
+                                    split_scores)
 
     # every split gets at least one tile
     num_splits = min(num_splits, n_tiles)
@@ -562,6 +622,7 @@ def sparse_mla_decode_with_info(
         D_V=d_v, D_V_PAD=d_v_pad, D_ROPE=d_rope, D_ROPE_PAD=d_rope_pad,
         G=max(1, d_v_pad // FP8_TILE),
         IS_FP8=(kind == "fp8_ds_mla"), SPLIT=split, PREFETCH=_PREFETCH_MODES[prefetch],
+        SPLIT_SCORES=split_scores,
 
         BLOCK_H=block_h, BLOCK_N=block_n, ROPE_VEC=_pow2_divisor(stride_rope, rope_off, cap=8),
         MMA_DTYPE=tl.bfloat16 if mma_dtype == torch.bfloat16 else tl.float16,
@@ -580,6 +641,6 @@ def sparse_mla_decode_with_info(
     n_regs, n_spills = getattr(kernel, "n_regs", None), getattr(kernel, "n_spills", None)
     metadata = getattr(kernel, "metadata", None)
     return out, lse, LaunchInfo(block_h, block_n, num_warps, num_stages, num_splits, prefetch,
-                                n_regs=None if n_regs is None else int(n_regs),
+                                split_scores, n_regs=None if n_regs is None else int(n_regs),
                                 n_spills=None if n_spills is None else int(n_spills),
                                 smem_bytes=getattr(metadata, "shared", None))

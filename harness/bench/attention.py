@@ -120,7 +120,12 @@ _BIG = (("default", {}, ALL),
         ("n32_s3", {"block_n": 32, "num_stages": 3}, ALL),
         ("n32_s4", {"block_n": 32, "num_stages": 4}, ALL),
         ("n32_s5", {"block_n": 32, "num_stages": 5}, FP8),
-        ("n16_s6", {"block_n": 16, "num_stages": 6}, ALL))
+        ("n16_s6", {"block_n": 16, "num_stages": 6}, ALL),
+        # S computed once per tile, tokens split across the warpgroups (split_scores)
+        ("split", {"split_scores": True, "num_stages": 2}, ALL),
+        ("split_n32_s3", {"split_scores": True, "block_n": 32, "num_stages": 3}, ALL),
+        ("split_n32_s4", {"split_scores": True, "block_n": 32, "num_stages": 4}, ALL),
+        ("split_n32_s5", {"split_scores": True, "block_n": 32, "num_stages": 5}, FP8))
 # TP8, H=16: 16-head programs (mma.sync), or 64 padded heads (wgmma) as FlashMLA runs them
 _TP8 = (("default", {}, ALL),
         ("w4", {"num_warps": 4}, ALL),
@@ -128,7 +133,10 @@ _TP8 = (("default", {}, ALL),
         ("n32_s4_w4", {"block_n": 32, "num_stages": 4, "num_warps": 4}, ALL),
         ("n32_s6", {"block_n": 32, "num_stages": 6}, FP8),
         ("n32_s4_split2", {"block_n": 32, "num_stages": 4, "num_splits": 2}, ALL),
-        ("h64", {"block_h": 64}, ALL))
+        ("h64", {"block_h": 64}, ALL),
+        ("split_h64", {"block_h": 64, "split_scores": True, "num_stages": 2}, ALL),
+        ("split_h64_n32_s4", {"block_h": 64, "split_scores": True, "block_n": 32,
+                              "num_stages": 4}, ALL))
 
 
 def _small(batch: int, auto_splits: int) -> TuneShape:
@@ -141,7 +149,11 @@ def _small(batch: int, auto_splits: int) -> TuneShape:
         (f"split{auto_splits // 2}", {"num_splits": auto_splits // 2}, ALL),
         (f"split{auto_splits * 2}" + ("" if auto_splits * 2 <= 32 else "_n32_s3"), double, ALL),
         ("n32_s3", {"block_n": 32, "num_stages": 3}, ALL),
-        ("n32_s4", {"block_n": 32, "num_stages": 4}, ALL)))
+        ("n32_s4", {"block_n": 32, "num_stages": 4}, ALL),
+        ("split", {"split_scores": True, "num_stages": 2}, ALL),
+        ("split_n32_s4", {"split_scores": True, "block_n": 32, "num_stages": 4}, ALL),
+        (f"split_split{auto_splits * 2}_n32_s4",
+         {"split_scores": True, "num_splits": auto_splits * 2, "block_n": 32, "num_stages": 4}, ALL)))
 
 
 #: the tuning grid (``--tune``); the small-batch split counts bracket ``choose_num_splits``'s
