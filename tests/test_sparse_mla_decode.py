@@ -203,8 +203,15 @@ def test_with_info_reports_the_launch(device):
     ref_out, ref_lse = sparse_mla_decode(q, cache, idx, 0.1, 256, block_n=32)
     assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
     # defaults resolved: block_h = 16 for H=16, bf16 -> 2 stages, splits from the heuristic
-    assert (info.block_h, info.block_n, info.num_warps, info.num_stages, info.prefetch) == (
-        16, 32, 8, 2, "index")
+    assert (info.block_h, info.block_n, info.num_warps, info.num_stages, info.prefetch,
+            info.split_scores) == (16, 32, 8, 2, "index", False)
+    # 64-head programs split the scores between their warpgroups; fp8 rows then take 2 stages
+    # (3 without the split), bf16 rows 2 either way
+    fq, fcache, fidx = _inputs(82, b=1, h=64, d_nope=256, d_rope=64, k=40, num_slots=100,
+                               kv_dtype="fp8_ds_mla", device=device)
+    for kw, want in [({}, (64, True, 2)), ({"split_scores": False}, (64, False, 3))]:
+        _, _, finfo = sparse_mla_decode_with_info(fq, fcache, fidx, 0.1, 256, **kw)
+        assert (finfo.block_h, finfo.split_scores, finfo.num_stages) == want
     assert info.num_splits == choose_num_splits(2, 16, 100, block_h=16, block_n=32)
     # a split count past the 4 tiles is cut to one tile per split; 3 of 4 tiles -> 2 splits of 2
     assert sparse_mla_decode_with_info(q, cache, idx, 0.1, 256, block_n=32, num_splits=64)[2].num_splits == 4

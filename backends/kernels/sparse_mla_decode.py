@@ -32,12 +32,17 @@ Design
   with more it writes per-split float32 ``(o / l, lse)`` and a combine kernel merges them.
   The number of splits comes from a wave model (:func:`choose_num_splits`).
 * What Triton 3.6 makes of it for sm_90a (``triton.compile`` + ``ptxas -v``, no timing): with
-  64 heads on 8 warps the QK dot, being chained into the PV dot, gets all 8 warps along M, so
-  both warpgroups compute the same ``S`` (the QK MMAs run twice) while the PV dot splits the
-  512 V dims between them; at ``num_stages=2`` the gather of tile ``t + 1`` is issued after
-  tile ``t``'s MMAs and waited for at the top of the next iteration (no overlap beyond the
-  asynchronous PV MMA), from 3 stages on one or more tiles stay in flight. A 64-token bf16
-  tile fits only 2 stages beside the 72 KB of ``q``; 32- and 16-token tiles fit 4 and 6.
+  64 heads on 8 warps a QK dot chained into the PV dot gets all 8 warps along M, so both
+  warpgroups would compute the same ``S`` (the QK MMAs run twice) while the PV dot splits the
+  512 V dims between them. ``split_scores`` (the default at 64 heads a program) hides the chain
+  from that heuristic (the comment in the main loop): each warpgroup computes ``S`` for half
+  the tokens, 40 instead of 76 wgmma instructions a tile, no spills, 224 KB of shared memory
+  for bf16 rows (P's exchange and the cross-warpgroup row max cost 8 KB). At
+  ``num_stages=2`` the gather of tile ``t + 1`` is issued after tile ``t``'s MMAs and waited
+  for at the top of the next iteration (no overlap beyond the asynchronous PV MMA), from 3
+  stages on one or more tiles stay in flight. A 64-token bf16 tile fits only 2 stages beside
+  the 72 KB of ``q`` (fp8_ds_mla rows 3, or 2 with ``split_scores``); 32- and 16-token tiles
+  fit 4 and 6.
   :func:`sparse_mla_decode_with_info` returns the resolved launch and the compiled kernel's
   registers, spills and shared memory (``harness/bench/attention.py --tune`` sweeps them).
 * MMA operands are bf16 on the GPU (as FlashMLA). The Triton interpreter cannot multiply
@@ -459,8 +464,9 @@ def sparse_mla_decode_with_info(
         block_n: top-k tokens per KV tile (power of two >= 16).
         num_warps: warps per program of the main kernel (8: two warpgroups share the
             ``[64, 512]`` float32 accumulator).
-        num_stages: Triton software-pipelining depth of the main loop; default 2 for bf16
-            rows and 3 for fp8_ds_mla rows (H200: 3 does not fit shared memory for bf16).
+        num_stages: Triton software-pipelining depth of the main loop; default 2, and 3 for
+            fp8_ds_mla rows without ``split_scores`` (H200: 3 stages of 64-token tiles do not
+            fit shared memory for bf16 rows, nor for fp8_ds_mla rows with ``split_scores``).
         num_splits: top-k splits (flash-decoding); default :func:`choose_num_splits`.
         prefetch: what of tile ``t + 1`` is fetched during tile ``t``, by hand, in
             registers: ``"none"``, ``"index"`` (its slot ids, so each tile's gather waits on one
@@ -469,7 +475,9 @@ def sparse_mla_decode_with_info(
         split_scores: compute each tile's scores ``S`` once, its tokens split across the
             warpgroups, and pass ``P`` to the PV product through shared memory
             (the comment in the main loop), instead of every warpgroup computing all of ``S``;
-            default False.
+            default True for head blocks of 64 or more (two warpgroups share a 64-row MMA:
+            1.18x faster in bf16, 1.03x in fp8_ds_mla at B=128, H=128 on the H200), False
+            below (16- and 32-head programs use mma.sync, where nothing changes).
         mma_dtype: MMA operand type, torch.bfloat16 or torch.float16; default bf16 on the
             GPU and fp16 under the Triton interpreter (see the module doc).
         num_sms: multiprocessors used by the split heuristic; default the device's (132 when
@@ -544,18 +552,18 @@ def sparse_mla_decode_with_info(
         raise ValueError(f"block_n must be a power of two >= 16, got {block_n!r}")
     if num_warps not in (1, 2, 4, 8, 16):
         raise ValueError(f"num_warps must be one of 1, 2, 4, 8, 16, got {num_warps!r}")
+    if split_scores is None:
+        split_scores = block_h >= 64
+    if not isinstance(split_scores, bool):
+        raise ValueError(f"split_scores must be True, False or None, got {split_scores!r}")
     if num_stages is None:
-        num_stages = 3 if kind == "fp8_ds_mla" else 2
+        num_stages = 3 if kind == "fp8_ds_mla" and not split_scores else 2
     if not isinstance(num_stages, int) or isinstance(num_stages, bool) or num_stages < 1:
         raise ValueError(f"num_stages must be an int >= 1, got {num_stages!r}")
     if prefetch is None:
         prefetch = "index"
     if prefetch not in _PREFETCH_MODES:
         raise ValueError(f"prefetch must be one of {tuple(_PREFETCH_MODES)} or None, got {prefetch!r}")
-    if split_scores is None:
-        split_scores = False
-    if not isinstance(split_scores, bool):
-        raise ValueError(f"split_scores must be True, False or None, got {split_scores!r}")
     if mma_dtype is None:
         mma_dtype = torch.float16 if _interpreting() else torch.bfloat16
     if mma_dtype not in (torch.bfloat16, torch.float16):

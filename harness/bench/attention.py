@@ -52,9 +52,8 @@ from harness.reference import convert_req_index_to_global_index_ref, sparse_mla_
 
 #: launch variants: name -> keyword arguments of sparse_mla_decode
 VARIANTS: Dict[str, dict] = {
-    "default": {},                          # bf16: stages 2; fp8: stages 3; prefetch "index"
-    "stages2": {"num_stages": 2},
-    "stages3": {"num_stages": 3},           # the fp8 default; does not fit shared memory for bf16
+    "default": {},                          # split_scores at 64 heads, 2 stages; prefetch "index"
+    "replicated": {"split_scores": False},  # every warpgroup computes all of S (fp8: 3 stages)
     "pf_none": {"prefetch": "none"},
     "pf_rows": {"prefetch": "rows"},        # spills registers at d_v=512 (slow): kept for the record
     "n32": {"block_n": 32},
@@ -90,8 +89,8 @@ class Sizes:
 
 
 FULL = Sizes(576, 512, 32768, 64, (
-    Shape("B128_H128_k2048", 128, 128, 2048, ("default", "stages2", "pf_none", "n32")),
-    Shape("B8_H128_k2048", 8, 128, 2048, ("default", "nosplit", "split16")),
+    Shape("B128_H128_k2048", 128, 128, 2048, ("default", "replicated", "pf_none", "n32")),
+    Shape("B8_H128_k2048", 8, 128, 2048, ("default", "replicated", "nosplit", "split16")),
     Shape("B64_H64_k512", 64, 64, 512, ("default", "nosplit"))))
 QUICK = Sizes(320, 256, 256, 16, (Shape("quick_B2_H16_k96", 2, 16, 96, ("default", "split3_n32")),))
 
@@ -117,15 +116,11 @@ class TuneShape:
 # (at 2 it is issued after tile t's MMAs), and a 64-token bf16 tile leaves room for 2 beside the
 # 72 KB of q in shared memory; smaller tiles fit deeper pipelines.
 _BIG = (("default", {}, ALL),
+        ("replicated", {"split_scores": False}, ALL),   # every warpgroup computes all of S
         ("n32_s3", {"block_n": 32, "num_stages": 3}, ALL),
         ("n32_s4", {"block_n": 32, "num_stages": 4}, ALL),
         ("n32_s5", {"block_n": 32, "num_stages": 5}, FP8),
-        ("n16_s6", {"block_n": 16, "num_stages": 6}, ALL),
-        # S computed once per tile, tokens split across the warpgroups (split_scores)
-        ("split", {"split_scores": True, "num_stages": 2}, ALL),
-        ("split_n32_s3", {"split_scores": True, "block_n": 32, "num_stages": 3}, ALL),
-        ("split_n32_s4", {"split_scores": True, "block_n": 32, "num_stages": 4}, ALL),
-        ("split_n32_s5", {"split_scores": True, "block_n": 32, "num_stages": 5}, FP8))
+        ("n16_s6", {"block_n": 16, "num_stages": 6}, ALL))
 # TP8, H=16: 16-head programs (mma.sync), or 64 padded heads (wgmma) as FlashMLA runs them
 _TP8 = (("default", {}, ALL),
         ("w4", {"num_warps": 4}, ALL),
@@ -134,9 +129,8 @@ _TP8 = (("default", {}, ALL),
         ("n32_s6", {"block_n": 32, "num_stages": 6}, FP8),
         ("n32_s4_split2", {"block_n": 32, "num_stages": 4, "num_splits": 2}, ALL),
         ("h64", {"block_h": 64}, ALL),
-        ("split_h64", {"block_h": 64, "split_scores": True, "num_stages": 2}, ALL),
-        ("split_h64_n32_s4", {"block_h": 64, "split_scores": True, "block_n": 32,
-                              "num_stages": 4}, ALL))
+        ("h64_replicated", {"block_h": 64, "split_scores": False}, ALL),
+        ("h64_n32_s4", {"block_h": 64, "block_n": 32, "num_stages": 4}, ALL))
 
 
 def _small(batch: int, auto_splits: int) -> TuneShape:
@@ -146,14 +140,13 @@ def _small(batch: int, auto_splits: int) -> TuneShape:
               else {"num_splits": auto_splits * 2, "block_n": 32, "num_stages": 3})
     return TuneShape(f"B{batch}_H128_k2048", batch, 128, 2048, (
         ("default", {}, ALL),
+        ("replicated", {"split_scores": False}, ALL),
         (f"split{auto_splits // 2}", {"num_splits": auto_splits // 2}, ALL),
         (f"split{auto_splits * 2}" + ("" if auto_splits * 2 <= 32 else "_n32_s3"), double, ALL),
         ("n32_s3", {"block_n": 32, "num_stages": 3}, ALL),
         ("n32_s4", {"block_n": 32, "num_stages": 4}, ALL),
-        ("split", {"split_scores": True, "num_stages": 2}, ALL),
-        ("split_n32_s4", {"split_scores": True, "block_n": 32, "num_stages": 4}, ALL),
-        (f"split_split{auto_splits * 2}_n32_s4",
-         {"split_scores": True, "num_splits": auto_splits * 2, "block_n": 32, "num_stages": 4}, ALL)))
+        (f"split{auto_splits * 2}_n32_s4",
+         {"num_splits": auto_splits * 2, "block_n": 32, "num_stages": 4}, ALL)))
 
 
 #: the tuning grid (``--tune``); the small-batch split counts bracket ``choose_num_splits``'s
