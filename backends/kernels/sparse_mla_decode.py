@@ -127,7 +127,8 @@ def _scores(q_nope, q_rope, kv, rope, valid, qk_scale_log2,
     """Base-2 scores ``[BLOCK_H, BLOCK_N]`` fp32 of one tile, masked tokens -inf.
 
     ``SPLIT_SCORES``: the NoPE and rope products stay two separate dots (one accumulating into
-    the other would chain them; see :func:`_online_softmax`), each scaled before anything else
+    the other would chain them; see the comment at the online softmax in the main loop), each
+    scaled before anything else
     reads it (Triton's Hopper software pipeliner fails when an MMA result is first used inside
     a branch)."""
     if SPLIT_SCORES:
