@@ -128,9 +128,8 @@ def _scores(q_nope, q_rope, kv, rope, valid, qk_scale_log2,
 
     ``SPLIT_SCORES``: the NoPE and rope products stay two separate dots (one accumulating into
     the other would chain them; see the comment at the online softmax in the main loop), each
-    scaled before anything else
-    reads it (Triton's Hopper software pipeliner fails when an MMA result is first used inside
-    a branch)."""
+    scaled before anything else reads it (Triton's Hopper software pipeliner fails when an MMA
+    result is first used inside a branch)."""
     if SPLIT_SCORES:
         s = tl.dot(q_nope, tl.trans(kv)) * qk_scale_log2
         if D_ROPE > 0:
