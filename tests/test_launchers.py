@@ -48,14 +48,22 @@ simulated_slots = pytest.mark.skipif(
     reason="simulated slots are the CPU's; the GPU machine runs the real-launcher test")
 
 
-@simulated_slots
-def test_local_gpus_gives_the_sequential_rows_each_point_on_its_own_slot(tmp_path):
-    seq = harness(*SWEEP, "report=true", f"hydra.sweep.dir={tmp_path / 'seq'}")
+@pytest.fixture(scope="module")
+def sequential(tmp_path_factory):
+    """SWEEP through the sequential launcher: the rows both parallel launchers must give (one
+    run shared by their tests)."""
+    d = tmp_path_factory.mktemp("seq")
+    seq = harness(*SWEEP, "report=true", f"hydra.sweep.dir={d}")
     assert seq.returncode == 0, (seq.stdout[-3000:], seq.stderr[-3000:])
+    return d
+
+
+@simulated_slots
+def test_local_gpus_gives_the_sequential_rows_each_point_on_its_own_slot(tmp_path, sequential):
     par = harness(*SWEEP, "report=true", f"hydra.sweep.dir={tmp_path / 'par'}",
                   "hydra/launcher=local_gpus", "hydra.launcher.gpus=2")
     assert par.returncode == 0, par.stderr[-3000:]
-    a, b = rows(tmp_path / "seq"), rows(tmp_path / "par")
+    a, b = rows(sequential), rows(tmp_path / "par")
     assert len(a) == 4 and list(a.index) == list(b.index)
     pd.testing.assert_frame_equal(a[SAME], b[SAME])
     assert set(a["status"]) == {"ok"}
@@ -73,15 +81,13 @@ def test_local_gpus_gives_the_sequential_rows_each_point_on_its_own_slot(tmp_pat
 
 
 @simulated_slots
-def test_submitit_local_gives_the_sequential_rows(tmp_path):
+def test_submitit_local_gives_the_sequential_rows(tmp_path, sequential):
     """The same 4-point sweep through hydra-submitit-launcher's local executor (each point a
     submitit job in a process of its own): the sequential launcher's rows, the report once."""
-    seq = harness(*SWEEP, "report=true", f"hydra.sweep.dir={tmp_path / 'seq'}")
-    assert seq.returncode == 0, (seq.stdout[-3000:], seq.stderr[-3000:])
     sub = harness(*SWEEP, "report=true", f"hydra.sweep.dir={tmp_path / 'sub'}",
                   "hydra/launcher=submitit_local")
     assert sub.returncode == 0, (sub.stdout[-3000:], sub.stderr[-3000:])
-    a, b = rows(tmp_path / "seq"), rows(tmp_path / "sub")
+    a, b = rows(sequential), rows(tmp_path / "sub")
     assert len(a) == 4 and list(a.index) == list(b.index)
     pd.testing.assert_frame_equal(a[SAME], b[SAME])
     assert set(b["status"]) == {"ok"} and b["gpu_slot"].isna().all()
