@@ -13,6 +13,10 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/
 TORCH_SPEC := $(if $(HAS_GPU),torch,torch==2.13.0)
 SWEEP ?= $(if $(HAS_GPU),page_topk,cpu_smoke)
 PYTEST_ARGS ?=
+# the suite on 2 worker processes (pytest-xdist, in the [test] extra), whole files per worker so
+# that module-scoped fixtures (the CLI sweeps several tests share) run once; PYTEST_XDIST= runs it
+# in one process
+PYTEST_XDIST ?= -n 2 --dist loadfile
 
 .PHONY: run test setup clean-venv
 
@@ -29,7 +33,7 @@ run: $(STAMP)
 	$(BIN)/python -m harness +sweep=$(SWEEP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)
