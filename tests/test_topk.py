@@ -3,8 +3,9 @@ import pytest
 import torch
 
 from backends.kernels.topk import (METHOD_PAGED, RADIX_BINS, RADIX_LIST, TopkLaunch,
-                                   candidate_capacity, launch_topk, plan_build_count, plan_topk,
-                                   topk_per_row, validate_topk_inputs)
+                                   candidate_capacity, launch_capacity, launch_topk,
+                                   plan_build_count, plan_topk, sample_target, topk_per_row,
+                                   validate_topk_inputs)
 from harness.indexer_ref import paged_transform_ref, topk_ref
 
 
@@ -30,6 +31,11 @@ def assert_valid_topk(pos, logits, lengths, k):
 def _rows(B, N, seed, device):
     g = torch.Generator().manual_seed(seed)
     return torch.randn(B, N, generator=g).to(device)
+
+
+#: half the candidate capacity (CAP = 2 * next_pow2(k)), the threshold aimed at 1.5k with a
+#: 7/8 .. 9/8 window (harness/bench/indexer.py TOPK_VARIANTS "cap2_target1.5")
+CAP2 = TopkLaunch(cap_factor=2, target_factor=1.5, window_lo=0.875, window_hi=1.125)
 
 
 def test_mixed_lengths_all_paths(device):
@@ -76,21 +82,21 @@ def test_ties_and_infinities(device):
 
 
 @pytest.mark.parametrize("launch", [TopkLaunch(threshold_window=False), TopkLaunch(),
-                                    TopkLaunch(fuse_threshold=True)],
-                         ids=["exact_threshold", "windowed", "fused_windowed"])
+                                    TopkLaunch(fuse_threshold=True), CAP2],
+                         ids=["exact_threshold", "windowed", "fused_windowed", "cap2_target1.5"])
 def test_adversarial_sample_falls_back(device, launch):
     """High values exactly at the threshold's sample positions: too few candidates, the select
     kernel must fall back to the exact whole-row path and still be right, whichever way the
     threshold was found (exact quantile, the window, inside the scan)."""
     k, n = 8, 500
-    cap = candidate_capacity(k)
-    sample = min(2048, cap)
+    cap = candidate_capacity(k, launch.cap_factor)
+    sample = min(launch.sample_max, cap)
     logits = torch.randn(1, n, generator=torch.Generator().manual_seed(2)) - 10.0
     samp = (torch.arange(sample) * n) // sample
     logits[0, samp] = 10.0 + torch.rand(sample, generator=torch.Generator().manual_seed(3))
     lengths = torch.tensor([n], dtype=torch.int32)
     lengths_d = lengths.to(device)
-    plan = plan_topk(lengths_d, k, chunk_size=128)
+    plan = plan_topk(lengths_d, k, chunk_size=128, cap_factor=launch.cap_factor)
     pos = topk_per_row(logits.to(device), lengths_d, k, plan=plan, launch=launch)
     assert int(plan.counts.sum()) < k  # the sampled threshold really was too high
     assert_valid_topk(pos.cpu(), logits, lengths, k)
@@ -204,6 +210,8 @@ THRESHOLD_VARIANTS = {
     # scan blocks of chunk_size // scan_stages rounded down to a power of two (128 // 3 -> 32)
     "scan_stages3": TopkLaunch(scan_stages=3),
     "scan_stages5_block4096": TopkLaunch(scan_stages=5, scan_block_max=4096),
+    # a smaller target and window (at k = 16 the capacity stays 64: the [64, 16384] clamp)
+    "cap2_target1.5": CAP2,
 }
 RADIX = TopkLaunch(algorithm="radix")
 
@@ -227,13 +235,13 @@ def test_threshold_variants_exact(name, device):
     logits[8, ::3] = float("-inf")
     logits[9] = torch.tensor([-0.0, 0.0, -1.0])[torch.randint(0, 3, (N,), generator=g)]
     lengths_d = lengths.to(device)
-    plan = plan_topk(lengths_d, k, chunk_size=128)
+    plan = plan_topk(lengths_d, k, chunk_size=128, cap_factor=launch.cap_factor)
     pos = topk_per_row(logits.to(device), lengths_d, k, plan=plan, launch=launch)
     assert_valid_topk(pos.cpu(), logits, lengths, k)
     assert torch.equal(pos.cpu(), topk_ref(logits, lengths, k))
     # the candidate counts of the random long rows lie in [k, cap] (the fast path was taken)
     for b in (4, 5):
-        assert k <= int(plan.counts[b].sum()) <= plan.cap
+        assert k <= int(plan.counts[b].sum()) <= launch_capacity(launch, k, plan)
 
 
 def test_launch_validation():
@@ -249,6 +257,118 @@ def test_launch_validation():
         TopkLaunch(algorithm="bitonic")
     with pytest.raises(ValueError, match="TopkLaunch.fuse_threshold"):
         TopkLaunch(algorithm="radix", fuse_threshold=True)
+
+
+def test_launch_capacity_and_target_validation(device):
+    assert candidate_capacity(2048) == 8192 and candidate_capacity(2048, 2) == 4096
+    assert candidate_capacity(16, 2) == 64 and candidate_capacity(32, 2) == 64
+    assert sample_target(2048) == 4096 and sample_target(2048, CAP2) == 3072
+    assert sample_target(2048, TopkLaunch(cap_factor=2, target_factor=1.25,
+                                          window_lo=0.8, window_hi=1.6)) == 2560
+    with pytest.raises(ValueError, match="TopkLaunch.cap_factor must be a power of two >= 2"):
+        TopkLaunch(cap_factor=3)
+    with pytest.raises(ValueError, match="TopkLaunch.cap_factor"):
+        TopkLaunch(cap_factor=1)
+    with pytest.raises(ValueError, match=r"TopkLaunch.target_factor must be in \(1, "):
+        TopkLaunch(cap_factor=2)  # 2k would leave no room below CAP = 2 next_pow2(k)
+    with pytest.raises(ValueError, match="TopkLaunch.target_factor"):
+        TopkLaunch(target_factor=1.0)
+    with pytest.raises(ValueError, match="TopkLaunch.target_factor must be a finite number"):
+        TopkLaunch(target_factor=float("nan"))
+    with pytest.raises(ValueError, match="TopkLaunch.window_hi must be <= cap_factor / target"):
+        TopkLaunch(cap_factor=2, target_factor=1.5)  # 3/2 of 1.5k > CAP
+    with pytest.raises(ValueError, match="TopkLaunch.window_lo must be >= 1 / target_factor"):
+        TopkLaunch(cap_factor=2, target_factor=1.25, window_hi=1.6)  # 3/4 of 1.25k < k
+    with pytest.raises(ValueError, match=r"TopkLaunch.window_lo must be in \(0, 1\]"):
+        TopkLaunch(window_lo=1.2)
+    with pytest.raises(ValueError, match="TopkLaunch.sample_max must be a power of two >= 64"):
+        TopkLaunch(sample_max=3000)
+    with pytest.raises(ValueError, match="TopkLaunch.target_factor applies to algorithm='sample'"):
+        TopkLaunch(algorithm="radix", target_factor=1.5)
+    # the window is unused without threshold_window; the radix path takes any cap_factor
+    TopkLaunch(cap_factor=2, target_factor=1.5, threshold_window=False)
+    TopkLaunch(algorithm="radix", cap_factor=2)
+    with pytest.raises(ValueError, match="cap_factor must be a power of two"):
+        plan_topk(torch.tensor([100], dtype=torch.int32), 16, cap_factor=6)
+    # a launch may not hold more candidates than the plan's lists
+    lengths = torch.tensor([300, 40], dtype=torch.int32, device=device)
+    small = plan_topk(lengths, 32, cap_factor=2)
+    assert small.cap == 64 and small.cap_factor == 2 and small.row_chunks.tolist()[1] == 0
+    assert small.candidates.shape[2] == 64
+    with pytest.raises(ValueError, match=r"cap_factor=4 needs a candidate capacity of 128 .* "
+                                         r"plan's 64"):
+        topk_per_row(torch.randn(2, 300, device=device), lengths, 32, plan=small)
+    assert plan_topk(lengths, 32).cap == 128
+    x = torch.randn(2, 300, generator=torch.Generator().manual_seed(72))
+    pos = topk_per_row(x.to(device), lengths, 32, launch=CAP2)  # no plan: one of the launch's
+    assert torch.equal(pos.cpu(), topk_ref(x, lengths.cpu(), 32))
+
+
+#: k = 32 (capacity 128 by default, 64 with cap_factor 2): (launch, the plan's cap_factor)
+SMALL_CAP = {
+    "cap2_target1.5": (CAP2, 2),
+    # the default plan (cap 128): direct rows of 65..128 and 65..128 candidates fall back
+    "cap2_target1.5_default_plan": (CAP2, 4),
+    "cap2_exact_threshold": (TopkLaunch(cap_factor=2, target_factor=1.5,
+                                        threshold_window=False), 2),
+    "cap2_fused_window4/3": (TopkLaunch(cap_factor=2, target_factor=1.5, window_hi=4 / 3,
+                                        fuse_threshold=True), 2),
+    "cap2_radix": (TopkLaunch(algorithm="radix", cap_factor=2), 2),
+}
+
+
+def _small_cap_rows():
+    """k = 32 rows around the capacities (64 / 128) and adversarial long rows (chunk 128)."""
+    g = torch.Generator().manual_seed(71)
+    lengths = torch.tensor([0, 20, 32, 33, 64, 65, 128, 129, 300, 400, 400, 400, 400, 400, 400,
+                            399], dtype=torch.int32)
+    B, N = lengths.shape[0], 400
+    x = torch.randn(B, N, generator=g) * torch.rand(B, 1, generator=g) * 30  # 8: random
+    x[9] = torch.sort(x[9]).values                     # ascending: candidates in the last chunk
+    x[10] = torch.sort(x[10], descending=True).values  # descending: all in the first chunk
+    x[11] = 1.5                                        # all equal: lower positions win
+    x[12] = torch.randint(-3, 4, (N,), generator=g).float()  # heavy ties
+    x[13] = torch.randn(N, generator=g).clamp(max=4.0)
+    x[13, :100] = 5.0  # 100 ties at the top, one chunk: > 64, <= 128 candidates
+    x[14, ::3] = float("-inf")
+    x[15, :] = float("-inf")
+    x[15, 200:220] = torch.randn(20, generator=g)    # 20 finite < k: the k-th is -inf
+    cols = torch.arange(N)
+    x = torch.where(cols[None, :] >= lengths[:, None], 1e30, x)  # ignored past the length
+    return x, lengths
+
+
+@pytest.mark.parametrize("name", sorted(SMALL_CAP))
+def test_smaller_capacity_exact(name, device):
+    """cap_factor 2 (the select's block 64 instead of 128 at k = 32): rows just above each
+    capacity, sorted rows (candidates in one chunk), all-equal, heavy ties, 100 ties at the top
+    (more candidates than 64, fewer than 128), -inf, with a plan of the launch's capacity
+    and with the default plan (128): equal to the stable-sort reference; densely sampled rows
+    take the fast path, the overflowing ones the exact fallback."""
+    launch, plan_factor = SMALL_CAP[name]
+    k = 32
+    x, lengths = _small_cap_rows()
+    lengths_d = lengths.to(device)
+    plan = plan_topk(lengths_d, k, chunk_size=128, cap_factor=plan_factor)
+    cap = launch_capacity(launch, k, plan)
+    assert cap == 64 and plan.cap == 32 * plan_factor
+    assert plan.row_chunks.tolist() == [0 if n <= plan.cap else (n + 127) // 128
+                                        for n in lengths.tolist()]
+    pos = topk_per_row(x.to(device), lengths_d, k, plan=plan, launch=launch)
+    assert torch.equal(pos.cpu(), topk_ref(x, lengths, k))
+    assert_valid_topk(pos.cpu(), x, lengths, k)
+    if launch.algorithm == "sample":
+        total = plan.counts.sum(1).cpu()
+        # the fast path: a random row sampled densely (129 / 64), the descending row (all
+        # candidates in chunk 0); rows 65 / 128 are direct with the default plan. (The random
+        # rows of 300 / 400 land on either side of 64: a 64-value sample is coarse there.)
+        for b in (7, 10) + ((5, 6) if plan_factor == 2 else ()):
+            assert k <= int(total[b]) <= cap, f"row {b}: {int(total[b])}"
+        # 100 tied candidates: more than the launch's 64 (the exact fallback), whether the plan's
+        # lists hold them (128) or not (64)
+        assert int(total[13]) == 100
+        for b in (11, 15):  # all equal / mostly -inf: every element a candidate
+            assert int(total[b]) == int(lengths[b])
 
 
 def _keys_ref(x):

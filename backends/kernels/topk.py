@@ -1,14 +1,16 @@
 """Per-row top-k over variable-length rows of indexer logits (Triton), and its plan.
 
 Algorithm (exact, deterministic; ``k`` = ``top_k``, ``L`` = a row's length, ``CAP`` = the
-candidate capacity of one program, ``4 * next_pow2(k)`` clamped to ``[64, 16384]``; 8192 for
-k = 2048):
+candidate capacity of one program, ``cap_factor * next_pow2(k)`` clamped to ``[64, 16384]``
+(``candidate_capacity``; ``TopkLaunch.cap_factor``, default 4: 8192 for k = 2048, 2: 4096):
 
 * ``L <= k`` (pass-through): positions ``0 .. L-1`` then ``-1``.
 * ``k < L <= CAP`` (direct): the whole row is loaded into one program as candidates.
 * ``L > CAP`` (sample + scan): a *threshold* kernel takes a strided sample of ``SAMPLE`` values
-  of the row and finds (radix search on the order-preserving key) the value ``t`` of rank
-  ``ceil(SAMPLE * 2k / L)`` in it, so that about ``2k`` row elements are ``>= t``. A *scan*
+  of the row (``min(TopkLaunch.sample_max, CAP)``, 2048 by default) and finds (radix search on
+  the order-preserving key) the value ``t`` of rank ``r = ceil(SAMPLE * target / L)`` in it, so
+  that about ``target`` row elements are ``>= t`` (``target = min(ceil(target_factor * k),
+  (k + CAP) // 2)``, ``TopkLaunch.target_factor``, default 2: ``2k``). A *scan*
   kernel (the row split into chunks over several programs, as planned) compacts the positions
   of elements ``>= t`` into per-chunk candidate lists, in position order, and counts them.
   When the total lies in ``[k, CAP]`` (all but adversarial rows) the *select* kernel gathers
@@ -24,9 +26,15 @@ k = 2048):
 
 Threshold variants (``TopkLaunch``; results unchanged, the select stays exact):
 ``threshold_window`` (the default) stops the sample search at the first probe whose count lies
-within 3/4 .. 3/2 of the target rank instead of resolving it bit by bit (``False``: the exact
-sample quantile); ``fuse_threshold`` computes the sample threshold inside every scan program of
-the row (no threshold kernel).
+within ``window_lo .. window_hi`` (default 3/4 .. 3/2) of the target rank ``r`` instead of
+resolving it bit by bit (``False``: the exact sample quantile); ``fuse_threshold`` computes the
+sample threshold inside every scan program of the row (no threshold kernel). A smaller
+``cap_factor`` shrinks the select program (its time scales with ``CAP``, not with the
+candidates) and needs a smaller ``target_factor`` and window so that the expected candidate
+count stays within ``[k, CAP]``, e.g. ``cap_factor=2, target_factor=1.5, window 7/8 .. 9/8``:
+2688 .. 3456 expected at k = 2048. Rows whose count still leaves ``[k, CAP]`` (more often with a
+narrower margin, and at long rows: the sample's rank noise grows with ``L / SAMPLE``) take the
+exact whole-row fallback.
 
 ``TopkLaunch(algorithm="radix")``: the rows longer than ``CAP`` go through four kernels with
 fixed grids and no host sync, every chunk of a row in its own program (issue #13):
@@ -52,14 +60,19 @@ The key of a float32 ``v`` is its bit pattern mapped so that unsigned integer or
 order (``-inf < ... < +inf``; ``-0.0`` is first mapped to ``+0.0`` since they compare equal).
 NaN logits are not supported (``validate_topk_inputs`` rejects them inside a row's length).
 
-``plan_topk`` depends only on the lengths: it is computed once per step and reused by every
-layer (it owns the scratch buffers and decides which rows are split across how many scan
-programs). The launch configuration (``TopkLaunch``) defaults were measured on an H200
-(``python -m harness.bench indexer --tune topk`` times others).
+``plan_topk`` depends only on the lengths (and its ``cap_factor``, the plan's ``cap``): it is
+computed once per step and reused by every layer (it owns the scratch buffers and decides which
+rows are split across how many scan programs). A launch may use a plan whose ``cap`` is at least
+its own ``CAP`` (a smaller launch capacity only changes the select program's block). The launch
+configuration (``TopkLaunch``) defaults were measured on an H200 (``python -m harness.bench
+indexer --tune topk`` times others).
 """
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Optional
 
 import torch
@@ -67,7 +80,12 @@ import triton
 import triton.language as tl
 
 SAMPLE_MAX = 2048
-"""Sample size of the threshold kernel (capped at CAP)."""
+"""Default sample size of the threshold kernel (``TopkLaunch.sample_max``; capped at CAP)."""
+CAP_FACTOR = 4
+"""Default ``TopkLaunch.cap_factor`` / ``plan_topk(cap_factor=)``: CAP = 4 * next_pow2(k)."""
+RATIO_DENOMINATOR = 64
+"""``TopkLaunch.target_factor`` / ``window_lo`` / ``window_hi`` are read as the nearest fraction
+with a denominator <= this (exact integer arithmetic in the kernels: 1.5 -> 3/2, 4/3 -> 4/3)."""
 MIN_CHUNK = 4096
 """Smallest chunk a long row is split into (per scan program)."""
 
@@ -101,8 +119,31 @@ class TopkLaunch:
     fuse_threshold ("sample" only): every scan program computes its row's sample threshold
     itself (the same value for all chunks of a row) instead of a separate threshold kernel.
     threshold_window ("sample" only; default on, measured fastest on the H200): the sample
-    search stops at the first probe with between 3/4 and 3/2 of the target rank of sample
-    elements at or above it instead of resolving the exact sample quantile bit by bit.
+    search stops at the first probe with between ``window_lo`` and ``window_hi`` (3/4 and 3/2)
+    of the target rank of sample elements at or above it instead of resolving the exact sample
+    quantile bit by bit.
+    cap_factor (a power of two >= 2; default 4): the candidate capacity of one select program,
+    ``CAP = candidate_capacity(k, cap_factor)`` = ``cap_factor * next_pow2(k)`` clamped to
+    [64, 16384] (elements; 8192 for k = 2048, 4096 with 2). The select's block (``CAP``
+    elements) is the only thing it sizes: the plan (``plan_topk(cap_factor=)``) decides which
+    rows are direct (``L <= plan.cap``) and sizes the candidate lists, and must have been built
+    with a ``cap_factor`` at least this one (``launch_topk`` raises otherwise). With a smaller
+    one than the plan's, rows of ``CAP < L <= plan.cap`` take the exact whole-row fallback
+    (correct, slow: build the plan with the launch's cap_factor).
+    target_factor ("sample" only; default 2.0): the threshold aims at
+    ``target = min(ceil(target_factor * k), (k + CAP) // 2)`` elements ``>= t``; must lie in
+    ``(1, (1 + cap_factor) / 2]`` (then the clamp never binds for ``k <= 16384 / cap_factor``).
+    window_lo / window_hi ("sample" only; defaults 0.75 / 1.5): the threshold window as
+    fractions of the target sample rank ``r`` (``[floor(window_lo * r), ceil(window_hi * r)]``,
+    clamped to [1, SAMPLE]); with ``threshold_window`` the expected candidate counts at its edges
+    must lie in ``[k, CAP]``: ``window_lo * target_factor >= 1`` and
+    ``window_hi * target_factor <= cap_factor`` (``0 < window_lo <= 1 <= window_hi``). Ignored
+    with ``threshold_window=False``. target_factor and the window bounds are read as the nearest
+    fractions with denominators <= ``RATIO_DENOMINATOR`` (``launch_ratios``).
+    sample_max (a power of two >= 64; default ``SAMPLE_MAX`` = 2048): the threshold's strided
+    sample has ``SAMPLE = min(sample_max, CAP)`` values (the radix path's window sample too); a
+    larger one narrows the candidate count's spread (its rank noise scales with
+    ``sqrt(L / SAMPLE)``) at the cost of a longer threshold search.
     None of these changes the result.
     """
 
@@ -115,6 +156,11 @@ class TopkLaunch:
     fuse_threshold: bool = False
     threshold_window: bool = True
     algorithm: str = "sample"
+    cap_factor: int = CAP_FACTOR
+    target_factor: float = 2.0
+    window_lo: float = 0.75
+    window_hi: float = 1.5
+    sample_max: int = SAMPLE_MAX
 
     def __post_init__(self):
         if self.algorithm not in ALGORITHMS:
@@ -136,6 +182,69 @@ class TopkLaunch:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"TopkLaunch.{name} must be an int >= 1, got {v!r}")
+        _check_cap_factor("TopkLaunch.cap_factor", self.cap_factor)
+        v = self.sample_max
+        if not _is_int(v) or v < 64 or v & (v - 1):
+            raise ValueError(f"TopkLaunch.sample_max must be a power of two >= 64, got {v!r}")
+        for name in ("target_factor", "window_lo", "window_hi"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"TopkLaunch.{name} must be a finite number, got {v!r}")
+        if self.algorithm == "radix":
+            changed = [n for n in ("target_factor", "window_lo", "window_hi")
+                       if getattr(self, n) != _SAMPLE_ONLY_DEFAULTS[n]]
+            if changed:
+                raise ValueError(f"TopkLaunch.{changed[0]} applies to algorithm='sample' only "
+                                 f"(the radix path has no sample target); leave it at "
+                                 f"{_SAMPLE_ONLY_DEFAULTS[changed[0]]!r} with algorithm='radix'")
+            return
+        tf, lo, hi = launch_ratios(self)
+        if not 1 < tf <= Fraction(1 + self.cap_factor, 2):
+            raise ValueError(f"TopkLaunch.target_factor must be in (1, (1 + cap_factor) / 2] = "
+                             f"(1, {(1 + self.cap_factor) / 2:g}] for cap_factor="
+                             f"{self.cap_factor}, got {self.target_factor!r}")
+        if not 0 < lo <= 1:
+            raise ValueError(f"TopkLaunch.window_lo must be in (0, 1], got {self.window_lo!r}")
+        if hi < 1:
+            raise ValueError(f"TopkLaunch.window_hi must be >= 1, got {self.window_hi!r}")
+        if self.threshold_window and lo * tf < 1:
+            raise ValueError(f"TopkLaunch.window_lo must be >= 1 / target_factor = "
+                             f"{1 / self.target_factor:.4g} (the window's low edge expects at "
+                             f"least k candidates), got {self.window_lo!r}")
+        if self.threshold_window and hi * tf > self.cap_factor:
+            raise ValueError(f"TopkLaunch.window_hi must be <= cap_factor / target_factor = "
+                             f"{self.cap_factor / self.target_factor:.4g} (the window's high edge "
+                             f"expects at most CAP candidates), got {self.window_hi!r}")
+
+
+_SAMPLE_ONLY_DEFAULTS = {"target_factor": 2.0, "window_lo": 0.75, "window_hi": 1.5}
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_cap_factor(name: str, v) -> None:
+    if not _is_int(v) or v < 2 or v & (v - 1):
+        raise ValueError(f"{name} must be a power of two >= 2 (e.g. 2 or 4), got {v!r}")
+
+
+def _ratio(x: float) -> Fraction:
+    return Fraction(x).limit_denominator(RATIO_DENOMINATOR)
+
+
+def launch_ratios(launch: TopkLaunch):
+    """``(target_factor, window_lo, window_hi)`` of ``launch`` as the ``Fraction``s the kernels
+    use (nearest with a denominator <= ``RATIO_DENOMINATOR``)."""
+    return _ratio(launch.target_factor), _ratio(launch.window_lo), _ratio(launch.window_hi)
+
+
+def sample_target(top_k: int, launch: TopkLaunch = TopkLaunch()) -> int:
+    """Elements of a long row the sample threshold aims to keep (``>= t``):
+    ``min(ceil(target_factor * k), (k + CAP) // 2)`` with ``CAP`` the launch's capacity
+    (4096 for k = 2048 by default)."""
+    cap = candidate_capacity(top_k, launch.cap_factor)
+    return min(math.ceil(_ratio(launch.target_factor) * top_k), (top_k + cap) // 2)
 
 
 def plan_build_count() -> int:
@@ -147,9 +256,10 @@ def _next_pow2(x: int) -> int:
     return 1 if x <= 1 else 1 << (int(x) - 1).bit_length()
 
 
-def candidate_capacity(top_k: int) -> int:
-    """Candidates one select program holds: ``4 * next_pow2(top_k)`` clamped to [64, 16384]."""
-    return max(64, min(16384, 4 * _next_pow2(top_k)))
+def candidate_capacity(top_k: int, cap_factor: int = CAP_FACTOR) -> int:
+    """Candidates one select program holds (elements): ``cap_factor * next_pow2(top_k)`` clamped
+    to [64, 16384] (a power of two; 8192 for k = 2048 at the default cap_factor 4)."""
+    return max(64, min(16384, cap_factor * _next_pow2(top_k)))
 
 
 def _num_sms(device: torch.device) -> int:
@@ -282,16 +392,18 @@ def _windowed_rank_key(key, r_lo, r_hi):
 
 @triton.jit
 def _row_threshold(base, length, target, SAMPLE: tl.constexpr, RADIX_BITS: tl.constexpr,
-                   WINDOW: tl.constexpr):
+                   WINDOW: tl.constexpr, WLO_N: tl.constexpr, WLO_D: tl.constexpr,
+                   WHI_N: tl.constexpr, WHI_D: tl.constexpr):
     """uint32 key of a strided sample's quantile such that about ``target`` of the row's
-    ``length`` elements are >= it (WINDOW: anywhere from 3/4 to 3/2 of that)."""
+    ``length`` elements are >= it (WINDOW: anywhere from ``WLO_N / WLO_D`` to ``WHI_N / WHI_D``
+    of that, e.g. 3/4 to 3/2: sample ranks ``floor(3r/4) .. ceil(3r/2)``)."""
     i = tl.arange(0, SAMPLE).to(tl.int64)
     pos = (i * length) // SAMPLE
     key = _order_key(tl.load(base + pos))
     r = tl.minimum(tl.maximum((SAMPLE * target + length - 1) // length, 1), SAMPLE)
     if WINDOW:
-        t = _windowed_rank_key(key, tl.maximum((3 * r) // 4, 1),
-                               tl.minimum((3 * r + 1) // 2, SAMPLE))
+        t = _windowed_rank_key(key, tl.maximum((WLO_N * r) // WLO_D, 1),
+                               tl.minimum((WHI_N * r + WHI_D - 1) // WHI_D, SAMPLE))
     else:
         t = _kth_largest_key(key, r, RADIX_BITS)
     return t
@@ -300,13 +412,17 @@ def _row_threshold(base, length, target, SAMPLE: tl.constexpr, RADIX_BITS: tl.co
 @triton.jit
 def _topk_threshold_kernel(logits_ptr, stride_l, n_cols, len_ptr, thr_ptr, target,
                            CAP: tl.constexpr, SAMPLE: tl.constexpr, RADIX_BITS: tl.constexpr,
-                           WINDOW: tl.constexpr):
-    """Per long row: key of a sample quantile such that about ``target`` elements are >= it."""
+                           WINDOW: tl.constexpr, WLO_N: tl.constexpr = 3,
+                           WLO_D: tl.constexpr = 4, WHI_N: tl.constexpr = 3,
+                           WHI_D: tl.constexpr = 2):
+    """Per row longer than ``CAP`` (the launch's capacity): key of a sample quantile such that
+    about ``target`` elements are >= it (window ``WLO_N / WLO_D .. WHI_N / WHI_D`` of the
+    target rank; defaults 3/4 .. 3/2)."""
     row = tl.program_id(0)
     length = tl.minimum(tl.load(len_ptr + row), n_cols)
     if length > CAP:
         t = _row_threshold(logits_ptr + row.to(tl.int64) * stride_l, length, target, SAMPLE,
-                           RADIX_BITS, WINDOW)
+                           RADIX_BITS, WINDOW, WLO_N, WLO_D, WHI_N, WHI_D)
         tl.store(thr_ptr + row, t.to(tl.int32, bitcast=True))
 
 
@@ -328,9 +444,11 @@ def _scan_block(base, p, m, t, slot_base, cnt, MASKED: tl.constexpr, CAP: tl.con
 def _topk_scan_kernel(logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, thr_ptr, cand_ptr,
                       cnt_ptr, chunk_size, max_chunks, target, CAP: tl.constexpr,
                       BLOCK: tl.constexpr, FUSE_THRESHOLD: tl.constexpr, SAMPLE: tl.constexpr,
-                      RADIX_BITS: tl.constexpr, WINDOW: tl.constexpr):
+                      RADIX_BITS: tl.constexpr, WINDOW: tl.constexpr, WLO_N: tl.constexpr = 3,
+                      WLO_D: tl.constexpr = 4, WHI_N: tl.constexpr = 3, WHI_D: tl.constexpr = 2):
     """One chunk of a long row: positions of elements >= the row's threshold, in order
-    (FUSE_THRESHOLD: the threshold computed here from the row's sample, else read)."""
+    (FUSE_THRESHOLD: the threshold computed here from the row's sample, else read). ``CAP``:
+    the capacity and stride of a chunk's list (the plan's ``cap``; the count goes on past it)."""
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     n_chunks = tl.load(chunks_ptr + row)
@@ -338,7 +456,8 @@ def _topk_scan_kernel(logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, thr_ptr
         length = tl.minimum(tl.load(len_ptr + row), n_cols)
         base = logits_ptr + row.to(tl.int64) * stride_l
         if FUSE_THRESHOLD:
-            t = _row_threshold(base, length, target, SAMPLE, RADIX_BITS, WINDOW)
+            t = _row_threshold(base, length, target, SAMPLE, RADIX_BITS, WINDOW, WLO_N, WLO_D,
+                               WHI_N, WHI_D)
         else:
             t = tl.load(thr_ptr + row).to(tl.uint32, bitcast=True)
         start = chunk * chunk_size
@@ -410,8 +529,13 @@ def _exact_row(base, length, top_k, out_row, row, METHOD: tl.constexpr, bt_ptr, 
 def _select_row(row, logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, cand_ptr, cnt_ptr,
                 max_chunks, chunk_size, out_ptr, stride_o, top_k, bt_ptr, stride_bt, req_ptr,
                 page_size, off_ptr, METHOD: tl.constexpr, HAS_REQ: tl.constexpr,
-                CAP: tl.constexpr, BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr):
-    """Final top-k of one row (pass-through / candidates / exact fallback) + transform epilogue."""
+                CAP: tl.constexpr, BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr,
+                STRIDE: tl.constexpr):
+    """Final top-k of one row (pass-through / candidates / exact fallback) + transform epilogue.
+
+    ``CAP``: the launch's candidate capacity (the block this program holds; a direct row longer
+    than it, or more candidates than it, takes the exact fallback); ``STRIDE``: the capacity of
+    one chunk's candidate list in ``cand_ptr`` (the plan's ``cap``, >= ``CAP``)."""
     length = tl.minimum(tl.load(len_ptr + row), n_cols)
     out_row = out_ptr + row.to(tl.int64) * stride_o
     base = logits_ptr + row.to(tl.int64) * stride_l
@@ -430,7 +554,7 @@ def _select_row(row, logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, cand_ptr
             for c in range(0, n_chunks):
                 cnt_c = tl.load(cnt_ptr + row * max_chunks + c)
                 in_c = (idx >= total) & (idx < total + cnt_c)
-                src = tl.where(in_c, (row * max_chunks + c) * CAP + idx - total, src)
+                src = tl.where(in_c, (row * max_chunks + c) * STRIDE + idx - total, src)
                 total += cnt_c
         # the chunks must cover the row (a plan built for shorter rows falls back, still exact)
         covered = n_chunks.to(tl.int64) * chunk_size >= length
@@ -460,11 +584,11 @@ def _topk_select_kernel(logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, cand_
                         max_chunks, chunk_size, out_ptr, stride_o, top_k,
                         bt_ptr, stride_bt, req_ptr, page_size, off_ptr,
                         METHOD: tl.constexpr, HAS_REQ: tl.constexpr, CAP: tl.constexpr,
-                        BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr):
+                        BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr, STRIDE: tl.constexpr):
     """Sample path, one program per row: ``_select_row``."""
     _select_row(tl.program_id(0), logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, cand_ptr,
                 cnt_ptr, max_chunks, chunk_size, out_ptr, stride_o, top_k, bt_ptr, stride_bt,
-                req_ptr, page_size, off_ptr, METHOD, HAS_REQ, CAP, BLOCK, RADIX_BITS)
+                req_ptr, page_size, off_ptr, METHOD, HAS_REQ, CAP, BLOCK, RADIX_BITS, STRIDE)
 
 
 @triton.jit
@@ -473,7 +597,7 @@ def _radix_window_kernel(logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, cand
                          req_ptr, page_size, off_ptr, win_ptr, hist_ptr, list_cnt_ptr,
                          METHOD: tl.constexpr, HAS_REQ: tl.constexpr, CAP: tl.constexpr,
                          BLOCK: tl.constexpr, SAMPLE: tl.constexpr, NB: tl.constexpr,
-                         NB_BITS: tl.constexpr):
+                         NB_BITS: tl.constexpr, STRIDE: tl.constexpr):
     """Radix path, one program per row. Short rows (no chunks): their whole top-k
     (``_select_row``). Long rows: zero the row's histogram and list counter, and store the
     window (``t_lo`` key, bin ``shift``) from a strided sample of ``SAMPLE`` values."""
@@ -482,7 +606,7 @@ def _radix_window_kernel(logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, cand
     if n_chunks == 0:
         _select_row(row, logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, cand_ptr, cnt_ptr,
                     max_chunks, chunk_size, out_ptr, stride_o, top_k, bt_ptr, stride_bt,
-                    req_ptr, page_size, off_ptr, METHOD, HAS_REQ, CAP, BLOCK, 1)
+                    req_ptr, page_size, off_ptr, METHOD, HAS_REQ, CAP, BLOCK, 1, STRIDE)
     else:
         length = tl.minimum(tl.load(len_ptr + row), n_cols)
         base = logits_ptr + row.to(tl.int64) * stride_l
@@ -712,11 +836,17 @@ class TopkPlan:
         row_chunks: int32 ``[B]`` (device): 0 for rows handled by one select program
             (pass-through ``L <= top_k`` or direct ``L <= cap``), else the number of scan
             programs the row is split over, ``ceil(L / chunk_size)``.
-        cap: candidate capacity of one select program.
+        cap: the candidate capacity the plan was built for (elements;
+            ``candidate_capacity(top_k, cap_factor)``): rows longer than it are split into scan
+            chunks, and it is the capacity (stride) of each chunk's candidate list. A launch
+            uses ``candidate_capacity(top_k, launch.cap_factor)``, which must not exceed it.
+        cap_factor: the ``plan_topk(cap_factor=)`` it was built with.
         chunk_size: elements per scan program.
         max_chunks: ``ceil(max_len / chunk_size)`` if any row is long, else 0 (no scan launch).
-        sample: sample size of the threshold kernel.
-        candidates: int32 ``[B, max_chunks, cap]`` scratch (positions of candidates).
+        sample: sample size of the threshold kernel for a default-sample launch at the plan's
+            cap, ``min(SAMPLE_MAX, cap)`` (a launch samples ``min(sample_max, its CAP)``).
+        candidates: int32 ``[B, max_chunks, cap]`` scratch (positions of candidates; per chunk
+            at most ``cap``, in position order).
         counts: int32 ``[B, max_chunks]`` scratch (candidates per chunk).
         thresholds: int32 ``[B]`` scratch (threshold keys, uint32 bit patterns).
         radix_window: int32 ``[B', 2]`` scratch of the radix path (window key, bin shift);
@@ -748,6 +878,7 @@ class TopkPlan:
     radix_list_pos: torch.Tensor
     radix_list_key: torch.Tensor
     radix_sure: torch.Tensor
+    cap_factor: int = CAP_FACTOR
     uses: int = field(default=0)
 
     @property
@@ -761,7 +892,8 @@ class TopkPlan:
 
 
 def plan_topk(seq_lens: torch.Tensor, top_k: int, *, max_len: Optional[int] = None,
-              chunk_size: Optional[int] = None, num_sms: Optional[int] = None) -> TopkPlan:
+              chunk_size: Optional[int] = None, num_sms: Optional[int] = None,
+              cap_factor: int = CAP_FACTOR) -> TopkPlan:
     """Plan the top-k of one step from the row lengths alone (reuse it for every layer).
 
     Args:
@@ -773,6 +905,11 @@ def plan_topk(seq_lens: torch.Tensor, top_k: int, *, max_len: Optional[int] = No
         chunk_size: elements per scan program (power of two >= 16); default: chosen so the
             long rows give about 4 programs per SM, at least ``MIN_CHUNK``.
         num_sms: SM count (default: the device's; 132 on the CPU).
+        cap_factor: the candidate capacity ``cap = candidate_capacity(top_k, cap_factor)``
+            (a power of two >= 2; default 4): rows longer than it are scanned in chunks, and it
+            sizes the chunks' candidate lists ``[B, max_chunks, cap]``. Launches with this
+            ``TopkLaunch.cap_factor`` or a smaller one may use the plan (smaller: rows of
+            ``CAP < L <= cap`` take the exact whole-row fallback).
     Returns:
         A ``TopkPlan`` (small tensors plus scratch buffers).
     """
@@ -790,7 +927,8 @@ def plan_topk(seq_lens: torch.Tensor, top_k: int, *, max_len: Optional[int] = No
         max_len = int(seq_lens.max().item()) if B else 0
     if max_len < 0:
         raise ValueError(f"max_len must be >= 0, got {max_len}")
-    cap = candidate_capacity(top_k)
+    _check_cap_factor("cap_factor", cap_factor)
+    cap = candidate_capacity(top_k, cap_factor)
     if chunk_size is None:
         target = 4 * (num_sms or _num_sms(dev))
         chunk_size = max(MIN_CHUNK, _next_pow2(triton.cdiv(max(B * max_len, 1), target)))
@@ -816,7 +954,7 @@ def plan_topk(seq_lens: torch.Tensor, top_k: int, *, max_len: Optional[int] = No
         thresholds=torch.zeros((B,), dtype=torch.int32, device=dev),
         radix_window=scratch(2), radix_hist=scratch(RADIX_BINS), radix_list_count=scratch(),
         radix_list_pos=scratch(RADIX_LIST), radix_list_key=scratch(RADIX_LIST),
-        radix_sure=scratch(max_chunks),
+        radix_sure=scratch(max_chunks), cap_factor=cap_factor,
     )
 
 
@@ -885,32 +1023,56 @@ def launch_topk(logits: torch.Tensor, lengths: torch.Tensor, top_k: int, plan: T
     stride_bt = block_table.stride(0) if block_table is not None else 0
     req = row_req if row_req is not None else dummy
     offs = row_offsets if row_offsets is not None else dummy
+    cap, sample, target, window = _launch_params(launch, top_k)
+    if cap > plan.cap:
+        launch_capacity(launch, top_k, plan)  # raises
     if plan.needs_scan and launch.algorithm == "radix":
         _launch_radix(logits, lengths, top_k, plan, out, method, bt, stride_bt, req,
-                      row_req is not None, page_size, offs, launch)
+                      row_req is not None, page_size, offs, launch, cap, sample)
         return out
     if plan.needs_scan:
-        target = min(2 * top_k, (top_k + plan.cap) // 2)
         if not launch.fuse_threshold:
             _topk_threshold_kernel[(B,)](logits, logits.stride(0), N, lengths, plan.thresholds,
-                                         target, CAP=plan.cap, SAMPLE=plan.sample,
-                                         RADIX_BITS=launch.radix_bits,
-                                         WINDOW=launch.threshold_window, num_warps=4)
+                                         target, CAP=cap, SAMPLE=sample,
+                                         RADIX_BITS=launch.radix_bits, **window, num_warps=4)
         _topk_scan_kernel[(B, plan.max_chunks)](
             logits, logits.stride(0), N, lengths, plan.row_chunks, plan.thresholds,
             plan.candidates, plan.counts, plan.chunk_size, plan.max_chunks, target,
             CAP=plan.cap, BLOCK=_sample_scan_block(launch, plan),
-            FUSE_THRESHOLD=launch.fuse_threshold, SAMPLE=plan.sample,
-            RADIX_BITS=launch.radix_bits, WINDOW=launch.threshold_window,
+            FUSE_THRESHOLD=launch.fuse_threshold, SAMPLE=sample,
+            RADIX_BITS=launch.radix_bits, **window,
             num_warps=launch.scan_warps, num_stages=launch.scan_stages)
     _topk_select_kernel[(B,)](
         logits, logits.stride(0), N, lengths, plan.row_chunks, plan.candidates, plan.counts,
         max(plan.max_chunks, 1), plan.chunk_size, out, out.stride(0), top_k,
         bt, stride_bt, req, page_size, offs,
-        METHOD=method, HAS_REQ=row_req is not None, CAP=plan.cap,
-        BLOCK=min(launch.scan_block_max, plan.cap), RADIX_BITS=launch.radix_bits,
-        num_warps=_select_warps(launch, plan), num_stages=launch.select_stages)
+        METHOD=method, HAS_REQ=row_req is not None, CAP=cap,
+        BLOCK=min(launch.scan_block_max, cap), RADIX_BITS=launch.radix_bits, STRIDE=plan.cap,
+        num_warps=_select_warps(launch, cap), num_stages=launch.select_stages)
     return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _launch_params(launch: TopkLaunch, top_k: int):
+    """``(CAP, SAMPLE, target, window constexprs)`` of ``launch`` at ``top_k``, cached (the
+    fractions cost ~8 us of host time per call otherwise)."""
+    cap = candidate_capacity(top_k, launch.cap_factor)
+    _, lo, hi = launch_ratios(launch)
+    window = dict(WINDOW=launch.threshold_window, WLO_N=lo.numerator, WLO_D=lo.denominator,
+                  WHI_N=hi.numerator, WHI_D=hi.denominator)
+    return cap, min(launch.sample_max, cap), sample_target(top_k, launch), window
+
+
+def launch_capacity(launch: TopkLaunch, top_k: int, plan: Optional[TopkPlan] = None) -> int:
+    """The select's candidate capacity ``CAP`` of ``launch`` at ``top_k`` (elements,
+    ``candidate_capacity(top_k, launch.cap_factor)``); raises ValueError when it exceeds the
+    plan's (its candidate lists would be too small)."""
+    cap = candidate_capacity(top_k, launch.cap_factor)
+    if plan is not None and cap > plan.cap:
+        raise ValueError(f"TopkLaunch.cap_factor={launch.cap_factor} needs a candidate capacity "
+                         f"of {cap} at top_k={top_k}, more than the plan's {plan.cap}: build the "
+                         f"plan with plan_topk(..., cap_factor={launch.cap_factor})")
+    return cap
 
 
 def _sample_scan_block(launch: TopkLaunch, plan: TopkPlan) -> int:
@@ -923,13 +1085,15 @@ def _sample_scan_block(launch: TopkLaunch, plan: TopkPlan) -> int:
     return min(launch.scan_block_max, 1 << (per_stage.bit_length() - 1))   # a power of two
 
 
-def _select_warps(launch: TopkLaunch, plan: TopkPlan) -> int:
-    return launch.select_warps if plan.cap >= 4096 else min(launch.select_warps, 8)
+def _select_warps(launch: TopkLaunch, cap: int) -> int:
+    """The select program's warps (``cap``: the launch's candidate capacity)."""
+    return launch.select_warps if cap >= 4096 else min(launch.select_warps, 8)
 
 
 def _launch_radix(logits, lengths, top_k, plan, out, method, bt, stride_bt, req, has_req,
-                  page_size, offs, launch):
-    """The radix path's four kernels (module docstring); fixed grids, no host sync."""
+                  page_size, offs, launch, cap, sample):
+    """The radix path's four kernels (module docstring); fixed grids, no host sync. ``cap``:
+    the launch's candidate capacity (the direct rows' select), ``sample``: its sample size."""
     B, N = logits.shape
     sl = logits.stride(0)
     C = plan.max_chunks
@@ -939,10 +1103,10 @@ def _launch_radix(logits, lengths, top_k, plan, out, method, bt, stride_bt, req,
         logits, sl, N, lengths, plan.row_chunks, plan.candidates, plan.counts, C,
         plan.chunk_size, out, out.stride(0), top_k, bt, stride_bt, req, page_size, offs,
         plan.radix_window, plan.radix_hist, plan.radix_list_count,
-        METHOD=method, HAS_REQ=has_req, CAP=plan.cap,
-        BLOCK=min(launch.scan_block_max, plan.cap), SAMPLE=plan.sample, NB=RADIX_BINS,
-        NB_BITS=RADIX_BINS.bit_length() - 1, num_warps=_select_warps(launch, plan),
-        num_stages=launch.select_stages)
+        METHOD=method, HAS_REQ=has_req, CAP=cap,
+        BLOCK=min(launch.scan_block_max, cap), SAMPLE=sample, NB=RADIX_BINS,
+        NB_BITS=RADIX_BINS.bit_length() - 1, STRIDE=plan.cap,
+        num_warps=_select_warps(launch, cap), num_stages=launch.select_stages)
     _radix_hist_kernel[(B, C)](logits, sl, N, lengths, plan.row_chunks, plan.chunk_size,
                                plan.radix_window, plan.radix_hist, NB=RADIX_BINS, BLOCK=block,
                                **chunk_kw)
@@ -967,7 +1131,8 @@ def topk_per_row(logits: torch.Tensor, lengths: torch.Tensor, top_k: int, *,
         logits: float32 ``[B, N]`` (last dim contiguous); entries past a row's length are ignored.
         lengths: int32 ``[B]`` valid length of each row (``0 <= lengths[b] <= N``).
         top_k: k >= 1 (may exceed the lengths: the row is then -1 padded).
-        plan: a ``plan_topk(lengths, top_k)`` result to reuse (built here if None).
+        plan: a ``plan_topk(lengths, top_k)`` result to reuse (built here if None, with the
+            launch's cap_factor); its ``cap_factor`` must be >= the launch's.
         out: optional int32 ``[B, top_k]`` output.
         check: also run ``validate_topk_inputs`` (syncs; reads the data).
         launch: the kernels' launch configuration.
@@ -979,8 +1144,9 @@ def topk_per_row(logits: torch.Tensor, lengths: torch.Tensor, top_k: int, *,
     if check:
         validate_topk_inputs(logits, lengths, top_k)
     if plan is None:
-        plan = plan_topk(lengths, top_k)
+        plan = plan_topk(lengths, top_k, cap_factor=launch.cap_factor)
     _check_plan(plan, logits, lengths, top_k)
+    launch_capacity(launch, top_k, plan)
     out = _check_out(out, logits, top_k)
     return launch_topk(logits, lengths, top_k, plan, out, launch=launch)
 

@@ -103,6 +103,16 @@ TOPK_VARIANTS: Dict[str, TopkLaunch] = {
     "radix_b1024": TopkLaunch(algorithm="radix", scan_block_max=1024),
     "radix_b4096_w8": TopkLaunch(algorithm="radix", scan_block_max=4096, scan_warps=8),
     "radix_s2": TopkLaunch(algorithm="radix", scan_stages=2),
+    # half the select's candidate capacity (CAP 4096 at k = 2048; its time scales with CAP), the
+    # threshold aimed at 1.5k = 3072 (k .. CAP = 2048 .. 4096 around it); the shared plan keeps
+    # its 8192-candidate lists. A row outside [k, CAP] takes the slow exact fallback: estimated
+    # per row (i.i.d. rows, a 2048 sample) ~0.05 % at 32K but ~2-4 % at 128K; a 4096 sample
+    # ~0.1 % at 128K (the rank noise scales with sqrt(L / sample))
+    "cap2_target1.5": TopkLaunch(cap_factor=2, target_factor=1.5, window_lo=0.875,
+                                 window_hi=1.125),
+    "cap2_target1.5_exact": TopkLaunch(cap_factor=2, target_factor=1.5, threshold_window=False),
+    "cap2_target1.5_exact_s4096": TopkLaunch(cap_factor=2, target_factor=1.5,
+                                             threshold_window=False, sample_max=4096),
 }
 #: --tune sweeps the indexer variants at contexts from this length on
 TUNE_MIN_CONTEXT = 32768
