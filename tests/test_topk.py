@@ -36,6 +36,8 @@ def _rows(B, N, seed, device):
 #: half the candidate capacity (CAP = 2 * next_pow2(k)), the threshold aimed at 1.5k with a
 #: 7/8 .. 9/8 window (harness/bench/indexer.py TOPK_VARIANTS "cap2_target1.5")
 CAP2 = TopkLaunch(cap_factor=2, target_factor=1.5, window_lo=0.875, window_hi=1.125)
+#: the select's half block for rows whose candidates fit it, the threshold aimed below it
+SMALL_SELECT = TopkLaunch(small_select=True, target_factor=1.5, window_lo=1.0, window_hi=1.125)
 
 
 def test_mixed_lengths_all_paths(device):
@@ -212,6 +214,7 @@ THRESHOLD_VARIANTS = {
     "scan_stages5_block4096": TopkLaunch(scan_stages=5, scan_block_max=4096),
     # a smaller target and window (at k = 16 the capacity stays 64: the [64, 16384] clamp)
     "cap2_target1.5": CAP2,
+    "small_select": SMALL_SELECT,
 }
 RADIX = TopkLaunch(algorithm="radix")
 
@@ -369,6 +372,28 @@ def test_smaller_capacity_exact(name, device):
         assert int(total[13]) == 100
         for b in (11, 15):  # all equal / mostly -inf: every element a candidate
             assert int(total[b]) == int(lengths[b])
+
+
+@pytest.mark.parametrize("radix_bits", [1, 4])
+def test_small_select_exact(radix_bits, device):
+    """small_select at k = 32 (CAP 128, half block 64) over the rows of ``_small_cap_rows``:
+    equal to the stable-sort reference, with rows on both blocks and none pushed to the exact
+    fallback by the half block: direct rows of 33 / 64 (half) and 65 / 128 (full), 100 tied
+    candidates (full block, not the fallback), the other long rows' counts on either side."""
+    launch = TopkLaunch(small_select=True, target_factor=1.5, window_lo=1.0, window_hi=1.125,
+                        radix_bits=radix_bits)
+    k = 32
+    x, lengths = _small_cap_rows()
+    lengths_d = lengths.to(device)
+    plan = plan_topk(lengths_d, k, chunk_size=128)
+    assert launch_capacity(launch, k, plan) == plan.cap == 128
+    pos = topk_per_row(x.to(device), lengths_d, k, plan=plan, launch=launch)
+    assert torch.equal(pos.cpu(), topk_ref(x, lengths, k))
+    assert_valid_topk(pos.cpu(), x, lengths, k)
+    total = plan.counts.sum(1).cpu()
+    assert int(total[13]) == 100                       # > 64: the full block
+    chunked = [b for b in range(len(lengths)) if int(plan.row_chunks[b]) > 0]
+    assert any(k <= int(total[b]) <= 64 for b in chunked)  # the half block on a chunked row
 
 
 def _keys_ref(x):

@@ -144,6 +144,11 @@ class TopkLaunch:
     sample has ``SAMPLE = min(sample_max, CAP)`` values (the radix path's window sample too); a
     larger one narrows the candidate count's spread (its rank noise scales with
     ``sqrt(L / SAMPLE)``) at the cost of a longer threshold search.
+    small_select ("sample" only): the select program also holds a block of ``CAP // 2``
+    elements and uses it for a row whose candidates fit it (larger counts keep the ``CAP``
+    block, so nothing more falls back); pays off with a target well below ``CAP // 2`` (e.g.
+    ``target_factor=1.5`` with a window of 1 .. 9/8: 3072 .. 3456 expected at k = 2048), since a
+    call takes as long as its slowest row.
     None of these changes the result.
     """
 
@@ -161,6 +166,7 @@ class TopkLaunch:
     window_lo: float = 0.75
     window_hi: float = 1.5
     sample_max: int = SAMPLE_MAX
+    small_select: bool = False
 
     def __post_init__(self):
         if self.algorithm not in ALGORITHMS:
@@ -183,6 +189,9 @@ class TopkLaunch:
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"TopkLaunch.{name} must be an int >= 1, got {v!r}")
         _check_cap_factor("TopkLaunch.cap_factor", self.cap_factor)
+        if not isinstance(self.small_select, bool):
+            raise ValueError(f"TopkLaunch.small_select must be True or False, "
+                             f"got {self.small_select!r}")
         v = self.sample_max
         if not _is_int(v) or v < 64 or v & (v - 1):
             raise ValueError(f"TopkLaunch.sample_max must be a power of two >= 64, got {v!r}")
@@ -530,12 +539,14 @@ def _select_row(row, logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, cand_ptr
                 max_chunks, chunk_size, out_ptr, stride_o, top_k, bt_ptr, stride_bt, req_ptr,
                 page_size, off_ptr, METHOD: tl.constexpr, HAS_REQ: tl.constexpr,
                 CAP: tl.constexpr, BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr,
-                STRIDE: tl.constexpr):
+                STRIDE: tl.constexpr, SMALL: tl.constexpr = 0):
     """Final top-k of one row (pass-through / candidates / exact fallback) + transform epilogue.
 
     ``CAP``: the launch's candidate capacity (the block this program holds; a direct row longer
     than it, or more candidates than it, takes the exact fallback); ``STRIDE``: the capacity of
-    one chunk's candidate list in ``cand_ptr`` (the plan's ``cap``, >= ``CAP``)."""
+    one chunk's candidate list in ``cand_ptr`` (the plan's ``cap``, >= ``CAP``); ``SMALL``
+    (``TopkLaunch.small_select``): 0, or a smaller block (``CAP // 2``) used when the row's
+    candidates fit it (the select's time scales with its block)."""
     length = tl.minimum(tl.load(len_ptr + row), n_cols)
     out_row = out_ptr + row.to(tl.int64) * stride_o
     base = logits_ptr + row.to(tl.int64) * stride_l
@@ -543,40 +554,66 @@ def _select_row(row, logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, cand_ptr
         _passthrough_row(length, top_k, out_row, row, METHOD, bt_ptr, stride_bt, req_ptr,
                          HAS_REQ, page_size, off_ptr, BLOCK)
     else:
-        idx = tl.arange(0, CAP)
         n_chunks = tl.load(chunks_ptr + row)
         total = length
-        src = idx
         if n_chunks > 0:
-            # gather the chunk candidate lists (concatenated in chunk order = position order)
             total = 0
-            src = tl.zeros([CAP], dtype=tl.int32) - 1
             for c in range(0, n_chunks):
-                cnt_c = tl.load(cnt_ptr + row * max_chunks + c)
-                in_c = (idx >= total) & (idx < total + cnt_c)
-                src = tl.where(in_c, (row * max_chunks + c) * STRIDE + idx - total, src)
-                total += cnt_c
+                total += tl.load(cnt_ptr + row * max_chunks + c)
         # the chunks must cover the row (a plan built for shorter rows falls back, still exact)
         covered = n_chunks.to(tl.int64) * chunk_size >= length
         if (total >= top_k) & (total <= CAP) & ((n_chunks == 0) | covered):
-            valid = idx < total
-            if n_chunks > 0:
-                pos = tl.load(cand_ptr + src.to(tl.int64), mask=valid, other=0)
+            if SMALL > 0:
+                if total <= SMALL:
+                    _select_candidates(row, base, n_chunks, total, cand_ptr, cnt_ptr, max_chunks,
+                                       out_row, top_k, METHOD, bt_ptr, stride_bt, req_ptr,
+                                       HAS_REQ, page_size, off_ptr, SMALL, RADIX_BITS, STRIDE)
+                else:
+                    _select_candidates(row, base, n_chunks, total, cand_ptr, cnt_ptr, max_chunks,
+                                       out_row, top_k, METHOD, bt_ptr, stride_bt, req_ptr,
+                                       HAS_REQ, page_size, off_ptr, CAP, RADIX_BITS, STRIDE)
             else:
-                pos = idx
-            key = tl.where(valid, _order_key(tl.load(base + pos, mask=valid, other=0.0)), 0)
-            T = _kth_largest_key(key, top_k, RADIX_BITS)  # T >= 1: invalid (key 0) never match
-            gt = key > T
-            eq = key == T
-            need = top_k - tl.sum(gt.to(tl.int32), axis=0)
-            sel = gt | (eq & (tl.cumsum(eq.to(tl.int32), axis=0) <= need))
-            slot = tl.cumsum(sel.to(tl.int32), axis=0) - 1
-            res = _transform_positions(pos, row, METHOD, bt_ptr, stride_bt, req_ptr, HAS_REQ,
-                                       page_size, off_ptr)
-            tl.store(out_row + slot, res, mask=sel)
+                _select_candidates(row, base, n_chunks, total, cand_ptr, cnt_ptr, max_chunks,
+                                   out_row, top_k, METHOD, bt_ptr, stride_bt, req_ptr, HAS_REQ,
+                                   page_size, off_ptr, CAP, RADIX_BITS, STRIDE)
         else:
             _exact_row(base, length, top_k, out_row, row, METHOD, bt_ptr, stride_bt, req_ptr,
                        HAS_REQ, page_size, off_ptr, BLOCK)
+
+
+@triton.jit
+def _select_candidates(row, base, n_chunks, total, cand_ptr, cnt_ptr, max_chunks, out_row,
+                       top_k, METHOD: tl.constexpr, bt_ptr, stride_bt, req_ptr,
+                       HAS_REQ: tl.constexpr, page_size, off_ptr, NB: tl.constexpr,
+                       RADIX_BITS: tl.constexpr, STRIDE: tl.constexpr):
+    """The top-k of one row from its ``total`` (``top_k <= total <= NB``) candidates, in a block
+    of ``NB`` elements: the positions ``0 .. total-1`` of a direct row (no chunks), else the
+    chunks' candidate lists concatenated in chunk order (= position order), each ``STRIDE``
+    entries apart in ``cand_ptr``. Writes ``top_k`` positions, ascending, through the
+    transform epilogue."""
+    idx = tl.arange(0, NB)
+    valid = idx < total
+    if n_chunks > 0:
+        start = 0
+        src = tl.zeros([NB], dtype=tl.int32) - 1
+        for c in range(0, n_chunks):
+            cnt_c = tl.load(cnt_ptr + row * max_chunks + c)
+            in_c = (idx >= start) & (idx < start + cnt_c)
+            src = tl.where(in_c, (row * max_chunks + c) * STRIDE + idx - start, src)
+            start += cnt_c
+        pos = tl.load(cand_ptr + src.to(tl.int64), mask=valid, other=0)
+    else:
+        pos = idx
+    key = tl.where(valid, _order_key(tl.load(base + pos, mask=valid, other=0.0)), 0)
+    T = _kth_largest_key(key, top_k, RADIX_BITS)  # T >= 1: invalid (key 0) never match
+    gt = key > T
+    eq = key == T
+    need = top_k - tl.sum(gt.to(tl.int32), axis=0)
+    sel = gt | (eq & (tl.cumsum(eq.to(tl.int32), axis=0) <= need))
+    slot = tl.cumsum(sel.to(tl.int32), axis=0) - 1
+    res = _transform_positions(pos, row, METHOD, bt_ptr, stride_bt, req_ptr, HAS_REQ,
+                               page_size, off_ptr)
+    tl.store(out_row + slot, res, mask=sel)
 
 
 @triton.jit
@@ -584,11 +621,13 @@ def _topk_select_kernel(logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, cand_
                         max_chunks, chunk_size, out_ptr, stride_o, top_k,
                         bt_ptr, stride_bt, req_ptr, page_size, off_ptr,
                         METHOD: tl.constexpr, HAS_REQ: tl.constexpr, CAP: tl.constexpr,
-                        BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr, STRIDE: tl.constexpr):
+                        BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr, STRIDE: tl.constexpr,
+                        SMALL: tl.constexpr):
     """Sample path, one program per row: ``_select_row``."""
     _select_row(tl.program_id(0), logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, cand_ptr,
                 cnt_ptr, max_chunks, chunk_size, out_ptr, stride_o, top_k, bt_ptr, stride_bt,
-                req_ptr, page_size, off_ptr, METHOD, HAS_REQ, CAP, BLOCK, RADIX_BITS, STRIDE)
+                req_ptr, page_size, off_ptr, METHOD, HAS_REQ, CAP, BLOCK, RADIX_BITS, STRIDE,
+                SMALL)
 
 
 @triton.jit
@@ -1048,6 +1087,7 @@ def launch_topk(logits: torch.Tensor, lengths: torch.Tensor, top_k: int, plan: T
         bt, stride_bt, req, page_size, offs,
         METHOD=method, HAS_REQ=row_req is not None, CAP=cap,
         BLOCK=min(launch.scan_block_max, cap), RADIX_BITS=launch.radix_bits, STRIDE=plan.cap,
+        SMALL=cap // 2 if launch.small_select and cap >= 2 * top_k else 0,
         num_warps=_select_warps(launch, cap), num_stages=launch.select_stages)
     return out
 

@@ -113,6 +113,14 @@ TOPK_VARIANTS: Dict[str, TopkLaunch] = {
     "cap2_target1.5_exact": TopkLaunch(cap_factor=2, target_factor=1.5, threshold_window=False),
     "cap2_target1.5_exact_s4096": TopkLaunch(cap_factor=2, target_factor=1.5,
                                              threshold_window=False, sample_max=4096),
+    # the select's half block (4096) for rows whose candidates fit, the full 8192 block for the
+    # others (no more fallbacks than the default); a call takes as long as its slowest row, so
+    # the threshold aims at 1.5k with a window of 1 .. 9/8 (3072 .. 3456 expected)
+    "small_select": TopkLaunch(small_select=True),
+    "small_select_t1.5": TopkLaunch(small_select=True, target_factor=1.5, window_lo=1.0,
+                                    window_hi=1.125),
+    "small_select_t1.5_w7/8": TopkLaunch(small_select=True, target_factor=1.5, window_lo=0.875,
+                                         window_hi=1.125),
 }
 #: --tune sweeps the indexer variants at contexts from this length on
 TUNE_MIN_CONTEXT = 32768
