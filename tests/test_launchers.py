@@ -131,7 +131,10 @@ GPU_SAME = SAME + ["hits", "misses", "tokens_loaded", "bytes_h2d"]
 def test_local_gpus_on_the_gpus_gives_the_sequential_rows(tmp_path):
     """On a GPU machine: every visible GPU a slot; the rows equal the sequential launcher's
     (decisions, counts, config hash), each point on a slot, pinned to that slot's GPU when
-    there are several; more slots than GPUs exits 2 before any point."""
+    there are several; more slots than GPUs exits 2 before any point. Needs the launchers
+    extra (the GPU machine has it only where its wheels were carried)."""
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher",
+                        reason="hydra/launcher=local_gpus needs pip install -e '.[launchers]'")
     import torch
     n = torch.cuda.device_count()
     seq = harness(*GPU_SWEEP, f"hydra.sweep.dir={tmp_path / 'seq'}", timeout=600)
