@@ -293,3 +293,53 @@ def test_tune_quick_runs_every_variant_against_the_reference(tmp_path, capsys):
     if not torch.cuda.is_available():
         assert rc == 0 and list(theirs["status"]) == ["unavailable"]
     assert "fastest correct variant per shape" in capsys.readouterr().out
+
+
+# ------------------------------- what the compiler makes of it (no GPU) -------------------------------
+
+_COMPILE_REPORT = r"""
+import json, re, sys
+from backends.kernels.sparse_mla_decode import compile_for_arch
+out = {}
+for split in (True, False):
+    k = compile_for_arch(sys.argv[1], split_scores=None if split else False)
+    warps = sorted(set(re.findall(r"nvidia_mma<\{[^}]*warpsPerCTA = \[([0-9, ]+)\]", k.asm["ttgir"])))
+    out["split" if split else "replicated"] = {
+        "warps": warps, "wgmma": k.asm["ptx"].count("wgmma.mma_async"), "shared": k.metadata.shared}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_ds_mla"])
+def test_split_scores_compiles_each_tile_s_once_for_sm90(kv_dtype):
+    """Compiled for sm_90a by the installed Triton (no GPU needed; in a process of its own, as
+    this one interprets the kernels): with the default ``split_scores`` at 64 heads no MMA
+    layout puts all 8 warps along M (the chained-dot layout in which both warpgroups compute
+    the whole of S), and the PTX has fewer wgmma instructions than the replicated layout's,
+    within the H200's 227 KB of shared memory. A refactor that chains the score dots into the
+    PV dot again fails here, where every numeric test would still pass."""
+    import json
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _COMPILE_REPORT, kv_dtype], capture_output=True,
+                       text=True, timeout=600, env=env,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = json.loads(r.stdout.strip().splitlines()[-1])
+    split, replicated = rep["split"], rep["replicated"]
+    assert split["warps"] and "8, 1" not in split["warps"], split
+    assert "8, 1" in replicated["warps"], replicated
+    assert 0 < split["wgmma"] < replicated["wgmma"]
+    assert split["shared"] <= 227 * 1024
+
+
+def test_compile_for_arch_refuses_the_interpreter():
+    from backends.kernels.sparse_mla_decode import _interpreting, compile_for_arch
+    if not _interpreting():
+        pytest.skip("the kernels are compiled here")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        compile_for_arch("bf16")
+    with pytest.raises(ValueError, match="kv_dtype"):
+        compile_for_arch("fp16")

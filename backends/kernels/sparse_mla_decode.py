@@ -65,8 +65,8 @@ import triton.language as tl
 
 from backends.kernels.kv_format import FP8_TILE, fp8_ds_mla_offsets, kv_dtype_of, row_bytes
 
-__all__ = ["sparse_mla_decode", "sparse_mla_decode_with_info", "LaunchInfo", "choose_num_splits",
-           "DEFAULT_NUM_SMS"]
+__all__ = ["sparse_mla_decode", "sparse_mla_decode_with_info", "compile_for_arch", "LaunchInfo",
+           "choose_num_splits", "DEFAULT_NUM_SMS"]
 
 #: multiprocessors of an H200; used to plan splits when the tensors are not on a GPU
 DEFAULT_NUM_SMS = 132
@@ -424,6 +424,118 @@ class LaunchInfo:
                 "prefetch": self.prefetch, "split_scores": self.split_scores}
 
 
+def _resolve_launch(kind: str, num_heads: int, block_h, block_n, num_warps, num_stages,
+                    split_scores, prefetch):
+    """``(block_h, num_stages, split_scores, prefetch)`` with the defaults of
+    :func:`sparse_mla_decode_with_info` filled in; ValueError naming a bad option."""
+    if block_h is None:
+        block_h = 64 if num_heads >= 64 else max(16, triton.next_power_of_2(num_heads))
+    if not _is_pow2(block_h) or block_h < 16:
+        raise ValueError(f"block_h must be a power of two >= 16, got {block_h!r}")
+    if not _is_pow2(block_n) or block_n < 16:
+        raise ValueError(f"block_n must be a power of two >= 16, got {block_n!r}")
+    if num_warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"num_warps must be one of 1, 2, 4, 8, 16, got {num_warps!r}")
+    if split_scores is None:
+        split_scores = block_h >= 64
+    if not isinstance(split_scores, bool):
+        raise ValueError(f"split_scores must be True, False or None, got {split_scores!r}")
+    if num_stages is None:
+        num_stages = 3 if kind == "fp8_ds_mla" and not split_scores else 2
+    if not isinstance(num_stages, int) or isinstance(num_stages, bool) or num_stages < 1:
+        raise ValueError(f"num_stages must be an int >= 1, got {num_stages!r}")
+    if prefetch is None:
+        prefetch = "index"
+    if prefetch not in _PREFETCH_MODES:
+        raise ValueError(f"prefetch must be one of {tuple(_PREFETCH_MODES)} or None, got {prefetch!r}")
+    return block_h, num_stages, split_scores, prefetch
+
+
+def _row_views(kind: str, row_stride: int, d_v: int, d_rope: int) -> Tuple[int, int, int, int]:
+    """``(stride_scale, scale_off, stride_rope, rope_off)`` of KV rows ``row_stride`` elements
+    apart (bf16 values, or fp8_ds_mla bytes): the fp8 scales as a float32 view (0, 0 for bf16
+    rows) and the rope values as a bf16 view, in elements of those views."""
+    if kind == "bf16":
+        return 0, 0, row_stride, d_v
+    scales_start, rope_start, _ = fp8_ds_mla_offsets(d_v, d_rope)
+    return row_stride // 4, scales_start // 4, row_stride // 2, rope_start // 2
+
+
+def _constexprs(kind: str, d_v: int, d_rope: int, stride_rope: int, rope_off: int, split: bool,
+                prefetch: str, split_scores: bool, block_h: int, block_n: int,
+                mma_dtype: torch.dtype) -> dict:
+    """The main kernel's compile-time arguments."""
+    d_v_pad = triton.next_power_of_2(d_v)
+    return dict(D_V=d_v, D_V_PAD=d_v_pad, D_ROPE=d_rope,
+                D_ROPE_PAD=max(16, triton.next_power_of_2(d_rope)) if d_rope > 0 else 16,
+                G=max(1, d_v_pad // FP8_TILE), IS_FP8=(kind == "fp8_ds_mla"), SPLIT=split,
+                PREFETCH=_PREFETCH_MODES[prefetch], SPLIT_SCORES=split_scores,
+                BLOCK_H=block_h, BLOCK_N=block_n,
+                ROPE_VEC=_pow2_divisor(stride_rope, rope_off, cap=8),
+                MMA_DTYPE=tl.bfloat16 if mma_dtype == torch.bfloat16 else tl.float16)
+
+
+def compile_for_arch(kv_dtype: str, *, arch: int = 90, batch: int = 128, num_heads: int = 128,
+                     top_k: int = 2048, d_v: int = 512, d_rope: int = 64,
+                     block_h: Optional[int] = None, block_n: int = 64, num_warps: int = 8,
+                     num_stages: Optional[int] = None, split_scores: Optional[bool] = None,
+                     prefetch: Optional[str] = None):
+    """The main kernel compiled by the installed Triton for CUDA compute capability ``arch``
+    (default 90: sm_90a, the H200), without a GPU: a ``triton.compiler.CompiledKernel`` whose
+    ``asm`` holds ``"ttgir"`` (the MMA layouts), ``"ptx"`` and ``"cubin"``, and whose
+    ``metadata.shared`` is the shared memory per program in bytes. The launch options resolve
+    as in :func:`sparse_mla_decode_with_info` (one split, bf16 MMA operands); the integer
+    arguments carry the divisibility Triton specialises for contiguous ``[batch, num_heads,
+    d_v + d_rope]`` queries, ``kv_dtype`` rows (``"bf16"`` or ``"fp8_ds_mla"``) and
+    ``[batch, top_k]`` indices. For inspecting what the compiler makes of a launch (e.g.
+    ``split_scores``), not for running it."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if kv_dtype not in ("bf16", "fp8_ds_mla"):
+        raise ValueError(f"kv_dtype must be 'bf16' or 'fp8_ds_mla', got {kv_dtype!r}")
+    if _interpreting():
+        raise ValueError("compile_for_arch compiles the kernel: import this module with "
+                         "TRITON_INTERPRET unset (here it is 1: the kernels are interpreted)")
+    block_h, num_stages, split_scores, prefetch = _resolve_launch(
+        kv_dtype, num_heads, block_h, block_n, num_warps, num_stages, split_scores, prefetch)
+    d_qk = d_v + d_rope
+    row_stride = d_qk if kv_dtype == "bf16" else row_bytes("fp8_ds_mla", d_v, d_rope)
+    stride_scale, scale_off, stride_rope, rope_off = _row_views(kv_dtype, row_stride, d_v, d_rope)
+    const = _constexprs(kv_dtype, d_v, d_rope, stride_rope, rope_off, False, prefetch,
+                        split_scores, block_h, block_n, torch.bfloat16)
+    ints = dict(stride_qb=num_heads * d_qk, stride_qh=d_qk, stride_kv=row_stride,
+                stride_scale=stride_scale, scale_off=scale_off, stride_rope=stride_rope,
+                rope_off=rope_off, stride_ib=top_k, stride_ob=num_heads * d_v, stride_oh=d_v,
+                stride_lb=num_heads, H=num_heads, K=top_k, num_slots=1 << 20, num_splits=1,
+                tiles_per_split=triton.cdiv(top_k, block_n),
+                num_head_blocks=triton.cdiv(num_heads, block_h))
+    ptrs = dict(q_ptr="*bf16", kv_ptr="*u8" if kv_dtype == "fp8_ds_mla" else "*bf16",
+                scale_ptr="*fp32" if kv_dtype == "fp8_ds_mla" else "*bf16", rope_ptr="*bf16",
+                idx_ptr="*i32", out_ptr="*bf16", lse_ptr="*fp32", part_o_ptr="*fp32",
+                part_lse_ptr="*fp32")
+    fn = _sparse_mla_decode_fwd
+    names = list(fn.arg_names)
+    const.update({n: 1 for n, v in ints.items() if v == 1})     # Triton specialises 1s
+    signature, attrs = {}, {}
+    for i, n in enumerate(names):
+        if n in const:
+            signature[n] = "constexpr"
+        elif n in ptrs:
+            signature[n] = ptrs[n]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif n == "qk_scale_log2":
+            signature[n] = "fp32"
+        else:
+            signature[n] = "i32"
+            if ints[n] % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn=fn, signature=signature, attrs=attrs,
+                    constexprs={(names.index(n),): v for n, v in const.items()})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                          options=dict(num_warps=num_warps, num_stages=num_stages))
+
+
 def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor,
                       sm_scale: float, d_v: int = 512, **launch) -> Tuple[torch.Tensor, torch.Tensor]:
     """Sparse MQA decode over top-k gathered KV rows (Triton, flash-decoding): ``out, lse``.
@@ -544,26 +656,8 @@ def sparse_mla_decode_with_info(
         raise ValueError(f"sm_scale must be a float, got {sm_scale!r}") from None
     if not math.isfinite(sm_scale) or sm_scale <= 0:
         raise ValueError(f"sm_scale must be finite and > 0, got {sm_scale}")
-    if block_h is None:
-        block_h = 64 if num_heads >= 64 else max(16, triton.next_power_of_2(num_heads))
-    if not _is_pow2(block_h) or block_h < 16:
-        raise ValueError(f"block_h must be a power of two >= 16, got {block_h!r}")
-    if not _is_pow2(block_n) or block_n < 16:
-        raise ValueError(f"block_n must be a power of two >= 16, got {block_n!r}")
-    if num_warps not in (1, 2, 4, 8, 16):
-        raise ValueError(f"num_warps must be one of 1, 2, 4, 8, 16, got {num_warps!r}")
-    if split_scores is None:
-        split_scores = block_h >= 64
-    if not isinstance(split_scores, bool):
-        raise ValueError(f"split_scores must be True, False or None, got {split_scores!r}")
-    if num_stages is None:
-        num_stages = 3 if kind == "fp8_ds_mla" and not split_scores else 2
-    if not isinstance(num_stages, int) or isinstance(num_stages, bool) or num_stages < 1:
-        raise ValueError(f"num_stages must be an int >= 1, got {num_stages!r}")
-    if prefetch is None:
-        prefetch = "index"
-    if prefetch not in _PREFETCH_MODES:
-        raise ValueError(f"prefetch must be one of {tuple(_PREFETCH_MODES)} or None, got {prefetch!r}")
+    block_h, num_stages, split_scores, prefetch = _resolve_launch(
+        kind, num_heads, block_h, block_n, num_warps, num_stages, split_scores, prefetch)
     if mma_dtype is None:
         mma_dtype = torch.float16 if _interpreting() else torch.bfloat16
     if mma_dtype not in (torch.bfloat16, torch.float16):
@@ -596,15 +690,12 @@ def sparse_mla_decode_with_info(
     num_splits = triton.cdiv(n_tiles, tiles_per_split)
     split = num_splits > 1
 
+    kv_ptr, stride_kv = kv_cache, kv_cache.stride(0)
+    stride_scale, scale_off, stride_rope, rope_off = _row_views(kind, kv_cache.stride(0), d_v, d_rope)
     if kind == "bf16":
-        kv_ptr, stride_kv = kv_cache, kv_cache.stride(0)
-        scale_t, stride_scale, scale_off = kv_cache, 0, 0
-        rope_t, stride_rope, rope_off = kv_cache, kv_cache.stride(0), d_v
+        scale_t, rope_t = kv_cache, kv_cache
     else:
-        scales_start, rope_start, _ = fp8_ds_mla_offsets(d_v, d_rope)
-        kv_ptr, stride_kv = kv_cache, kv_cache.stride(0)
-        scale_t, stride_scale, scale_off = kv_cache.view(torch.float32), kv_cache.stride(0) // 4, scales_start // 4
-        rope_t, stride_rope, rope_off = kv_cache.view(torch.bfloat16), kv_cache.stride(0) // 2, rope_start // 2
+        scale_t, rope_t = kv_cache.view(torch.float32), kv_cache.view(torch.bfloat16)
 
     if split:
         part_o = torch.empty((bsz, num_heads, num_splits, d_v), dtype=torch.float32, device=q.device)
@@ -613,7 +704,6 @@ def sparse_mla_decode_with_info(
         part_o, part_lse = lse, lse          # unused by the kernel
 
     d_v_pad = triton.next_power_of_2(d_v)
-    d_rope_pad = max(16, triton.next_power_of_2(d_rope)) if d_rope > 0 else 16
     num_head_blocks = triton.cdiv(num_heads, block_h)
     grid = (bsz * num_splits * num_head_blocks,)
     kernel = _sparse_mla_decode_fwd[grid](
@@ -627,13 +717,8 @@ def sparse_mla_decode_with_info(
         part_o, part_lse,
         num_heads, top_k, num_slots, num_splits, tiles_per_split, num_head_blocks,
         sm_scale * _LOG2E,
-        D_V=d_v, D_V_PAD=d_v_pad, D_ROPE=d_rope, D_ROPE_PAD=d_rope_pad,
-        G=max(1, d_v_pad // FP8_TILE),
-        IS_FP8=(kind == "fp8_ds_mla"), SPLIT=split, PREFETCH=_PREFETCH_MODES[prefetch],
-        SPLIT_SCORES=split_scores,
-
-        BLOCK_H=block_h, BLOCK_N=block_n, ROPE_VEC=_pow2_divisor(stride_rope, rope_off, cap=8),
-        MMA_DTYPE=tl.bfloat16 if mma_dtype == torch.bfloat16 else tl.float16,
+        **_constexprs(kind, d_v, d_rope, stride_rope, rope_off, split, prefetch, split_scores,
+                      block_h, block_n, mma_dtype),
         num_warps=num_warps, num_stages=num_stages,
     )
     if split:
