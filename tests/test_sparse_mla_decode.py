@@ -315,7 +315,7 @@ def test_split_scores_compiles_each_tile_s_once_for_sm90(kv_dtype):
     """Compiled for sm_90a by the installed Triton (no GPU needed; in a process of its own, as
     this one interprets the kernels): with the default ``split_scores`` at 64 heads no MMA
     layout puts all 8 warps along M (the chained-dot layout in which both warpgroups compute
-    the whole of S), and the PTX has fewer wgmma instructions than the replicated layout's,
+    the whole of S), and the PTX has no more wgmma instructions than the replicated layout's,
     within the H200's 227 KB of shared memory. A refactor that chains the score dots into the
     PV dot again fails here, where every numeric test would still pass."""
     import json
@@ -330,8 +330,9 @@ def test_split_scores_compiles_each_tile_s_once_for_sm90(kv_dtype):
     rep = json.loads(r.stdout.strip().splitlines()[-1])
     split, replicated = rep["split"], rep["replicated"]
     assert split["warps"] and "8, 1" not in split["warps"], split
-    assert "8, 1" in replicated["warps"], replicated
-    assert 0 < split["wgmma"] < replicated["wgmma"]
+    # (with Triton 3.6 and 3.9 the replicated layout has [8, 1] and 76 wgmma against 40; a
+    # Triton that stops chaining the layouts would make the two equal, not fail this)
+    assert 0 < split["wgmma"] <= replicated["wgmma"]
     assert split["shared"] <= 227 * 1024
 
 
