@@ -421,12 +421,11 @@ def _row_threshold(base, length, target, SAMPLE: tl.constexpr, RADIX_BITS: tl.co
 @triton.jit
 def _topk_threshold_kernel(logits_ptr, stride_l, n_cols, len_ptr, thr_ptr, target,
                            CAP: tl.constexpr, SAMPLE: tl.constexpr, RADIX_BITS: tl.constexpr,
-                           WINDOW: tl.constexpr, WLO_N: tl.constexpr = 3,
-                           WLO_D: tl.constexpr = 4, WHI_N: tl.constexpr = 3,
-                           WHI_D: tl.constexpr = 2):
+                           WINDOW: tl.constexpr, WLO_N: tl.constexpr, WLO_D: tl.constexpr,
+                           WHI_N: tl.constexpr, WHI_D: tl.constexpr):
     """Per row longer than ``CAP`` (the launch's capacity): key of a sample quantile such that
     about ``target`` elements are >= it (window ``WLO_N / WLO_D .. WHI_N / WHI_D`` of the
-    target rank; defaults 3/4 .. 3/2)."""
+    target rank; TopkLaunch defaults 3/4 .. 3/2)."""
     row = tl.program_id(0)
     length = tl.minimum(tl.load(len_ptr + row), n_cols)
     if length > CAP:
@@ -453,8 +452,8 @@ def _scan_block(base, p, m, t, slot_base, cnt, MASKED: tl.constexpr, CAP: tl.con
 def _topk_scan_kernel(logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, thr_ptr, cand_ptr,
                       cnt_ptr, chunk_size, max_chunks, target, CAP: tl.constexpr,
                       BLOCK: tl.constexpr, FUSE_THRESHOLD: tl.constexpr, SAMPLE: tl.constexpr,
-                      RADIX_BITS: tl.constexpr, WINDOW: tl.constexpr, WLO_N: tl.constexpr = 3,
-                      WLO_D: tl.constexpr = 4, WHI_N: tl.constexpr = 3, WHI_D: tl.constexpr = 2):
+                      RADIX_BITS: tl.constexpr, WINDOW: tl.constexpr, WLO_N: tl.constexpr,
+                      WLO_D: tl.constexpr, WHI_N: tl.constexpr, WHI_D: tl.constexpr):
     """One chunk of a long row: positions of elements >= the row's threshold, in order
     (FUSE_THRESHOLD: the threshold computed here from the row's sample, else read). ``CAP``:
     the capacity and stride of a chunk's list (the plan's ``cap``; the count goes on past it)."""
