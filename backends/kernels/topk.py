@@ -881,8 +881,6 @@ class TopkPlan:
         cap_factor: the ``plan_topk(cap_factor=)`` it was built with.
         chunk_size: elements per scan program.
         max_chunks: ``ceil(max_len / chunk_size)`` if any row is long, else 0 (no scan launch).
-        sample: sample size of the threshold kernel for a default-sample launch at the plan's
-            cap, ``min(SAMPLE_MAX, cap)`` (a launch samples ``min(sample_max, its CAP)``).
         candidates: int32 ``[B, max_chunks, cap]`` scratch (positions of candidates; per chunk
             at most ``cap``, in position order).
         counts: int32 ``[B, max_chunks]`` scratch (candidates per chunk).
@@ -906,7 +904,6 @@ class TopkPlan:
     cap: int
     chunk_size: int
     max_chunks: int
-    sample: int
     candidates: torch.Tensor
     counts: torch.Tensor
     thresholds: torch.Tensor
@@ -986,7 +983,7 @@ def plan_topk(seq_lens: torch.Tensor, top_k: int, *, max_len: Optional[int] = No
 
     return TopkPlan(
         top_k=top_k, batch=B, max_len=max_len, lengths=seq_lens, row_chunks=row_chunks, cap=cap,
-        chunk_size=chunk_size, max_chunks=max_chunks, sample=min(SAMPLE_MAX, cap),
+        chunk_size=chunk_size, max_chunks=max_chunks,
         candidates=torch.empty((B, max_chunks, cap), dtype=torch.int32, device=dev),
         counts=torch.zeros((B, max_chunks), dtype=torch.int32, device=dev),
         thresholds=torch.zeros((B,), dtype=torch.int32, device=dev),
