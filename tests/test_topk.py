@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from backends.kernels.topk import (METHOD_PAGED, RADIX_BINS, RADIX_LIST, TopkLaunch,
+                                   _sample_scan_block,
                                    candidate_capacity, launch_capacity, launch_topk,
                                    plan_build_count, plan_topk, sample_target, topk_per_row,
                                    validate_topk_inputs)
@@ -103,6 +104,36 @@ def test_adversarial_sample_falls_back(device, launch):
     assert int(plan.counts.sum()) < k  # the sampled threshold really was too high
     assert_valid_topk(pos.cpu(), logits, lengths, k)
     assert torch.equal(pos.cpu(), topk_ref(logits, lengths, k))
+
+
+@pytest.mark.parametrize("block", [16, 64])
+def test_scan_blocks_and_chunk_layouts_exact(block, device):
+    """The stable-sort reference's output on rows whose chunks end in 0, 1, 2 and many full
+    scan blocks, whose early chunks hold no candidate (rising rows: the whole top-k in the last
+    chunk), and whose k-th value is tied across chunks (the select's tie path: the lowest
+    positions of the tie are taken)."""
+    k, chunk, N = 16, 128, 1000
+    launch = TopkLaunch(scan_block_max=block, scan_stages=1)
+    assert _sample_scan_block(launch, plan_topk(torch.tensor([N], dtype=torch.int32), k,
+                                                chunk_size=chunk)) == block
+    g = torch.Generator().manual_seed(31 + block)
+    lengths = torch.tensor([130, 145, 161, 250, 1000, 1000, 700, 999], dtype=torch.int32)
+    logits = torch.randn(lengths.numel(), N, generator=g)
+    logits[4] = torch.arange(N).float() + 0.5 * torch.rand(N, generator=g)   # rising
+    perm = torch.randperm(N, generator=g)
+    ties = perm[10:30]
+    logits[5, perm[:10]] = 100.0 + torch.rand(10, generator=g)
+    logits[5, ties] = 50.0           # 10 above it, 20 at it: 6 of the tie taken
+    lengths_d = lengths.to(device)
+    plan = plan_topk(lengths_d, k, chunk_size=chunk)
+    pos = topk_per_row(logits.to(device), lengths_d, k, plan=plan, launch=launch)
+    counts = plan.counts.cpu()
+    assert int(counts[4, :7].sum()) == 0 and k <= int(counts[4].sum()) <= plan.cap
+    assert int((logits[5, :1000] >= 50.0).sum()) == 30
+    assert k <= int(counts[5].sum()) <= plan.cap   # row 5 went through the select, not the fallback
+    assert torch.equal(pos.cpu(), topk_ref(logits, lengths, k))
+    taken = pos[5].cpu().long()
+    assert sorted(taken[logits[5, taken] == 50.0].tolist()) == sorted(ties.tolist())[:6]
 
 
 def test_random_many_rows(device):

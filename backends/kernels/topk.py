@@ -309,7 +309,9 @@ def _common_prefix(key):
 
 @triton.jit
 def _kth_largest_key(key, k, BITS: tl.constexpr):
-    """Largest uint32 ``T`` with ``count(key >= T) >= k`` (= the k-th largest key).
+    """``(T, n_ge)``: the largest uint32 ``T`` with ``count(key >= T) >= k`` (= the k-th largest
+    key) and ``n_ge = count(key >= T)`` (int32), or -1 when that is every counted key (``T``
+    stayed at the keys' common prefix: the caller knows how many it counted).
 
     Entries to ignore must carry key 0: every probe is >= 1, so they are never counted (no real
     float maps to 0; only the negative NaN ``0xFFFFFFFF`` would). Only the bits below the common
@@ -321,10 +323,12 @@ def _kth_largest_key(key, k, BITS: tl.constexpr):
     T, nbits = _common_prefix(key)
     if BITS == 1:
         bit = tl.where(nbits > 0, tl.full([], 1, tl.uint32) << (tl.maximum(nbits, 1) - 1).to(tl.uint32), 0)
+        n_ge = tl.full([], -1, tl.int32)
         for _ in range(0, nbits):
             cand = T | bit
             cnt = tl.sum((key >= cand).to(tl.int32), axis=0)
             T = tl.where(cnt >= k, cand, T)
+            n_ge = tl.where(cnt >= k, cnt, n_ge)
             bit = bit >> 1
     else:
         NB: tl.constexpr = 1 << BITS
@@ -347,7 +351,8 @@ def _kth_largest_key(key, k, BITS: tl.constexpr):
             T = T | (d.to(tl.uint32) << sh)
             fixed = fixed | (tl.full([], NB - 1, tl.uint32) << sh)
             sh = sh - BITS
-    return T
+        n_ge = tl.sum((key >= T).to(tl.int32), axis=0)
+    return T, n_ge
 
 
 @triton.jit
@@ -414,7 +419,7 @@ def _row_threshold(base, length, target, SAMPLE: tl.constexpr, RADIX_BITS: tl.co
         t = _windowed_rank_key(key, tl.maximum((WLO_N * r) // WLO_D, 1),
                                tl.minimum((WHI_N * r + WHI_D - 1) // WHI_D, SAMPLE))
     else:
-        t = _kth_largest_key(key, r, RADIX_BITS)
+        t, _ = _kth_largest_key(key, r, RADIX_BITS)
     return t
 
 
@@ -435,17 +440,26 @@ def _topk_threshold_kernel(logits_ptr, stride_l, n_cols, len_ptr, thr_ptr, targe
 
 
 @triton.jit
-def _scan_block(base, p, m, t, slot_base, cnt, MASKED: tl.constexpr, CAP: tl.constexpr):
-    """Append the positions ``p`` (mask ``m``) whose key is >= ``t`` to the candidate list."""
-    if MASKED:
-        v = tl.load(base + p, mask=m, other=0.0)
-        sel = m & (_order_key(v) >= t)
-    else:
-        v = tl.load(base + p)
-        sel = _order_key(v) >= t
-    slot = cnt + tl.cumsum(sel.to(tl.int32), axis=0) - 1
+def _threshold_value(t):
+    """float32 ``f`` with ``v >= f`` exactly when ``_order_key(v) >= t``, for every non-NaN
+    float32 ``v`` (uint32 ``t``; keys below -inf's are raised to it first, keys above +inf's
+    give a NaN, which no value reaches): the scan compares the values themselves."""
+    t = tl.maximum(t, tl.full([], 0x007FFFFF, tl.uint32))         # the key of -inf
+    bits = tl.where(t >= 0x80000000, t ^ 0x80000000, ~t)
+    return bits.to(tl.int32, bitcast=True).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _scan_values(p, sel, slot_base, cnt, CAP: tl.constexpr):
+    """Append the positions ``p`` (int32 ``[R, 4]``, row-major in position order) where ``sel``
+    holds to the candidate list after its ``cnt`` entries; the new count. The prefix sum runs
+    within each thread's 4 values first and across the ``R`` row totals after (a 1-D prefix sum
+    over the whole block costs 2.6x the instructions, by the sm_90a compile)."""
+    s = sel.to(tl.int32)
+    rows = tl.sum(s, axis=1)
+    slot = cnt + (tl.cumsum(rows, axis=0) - rows)[:, None] + tl.cumsum(s, axis=1) - 1
     tl.store(slot_base + slot, p, mask=sel & (slot < CAP))
-    return cnt + tl.sum(sel.to(tl.int32), axis=0)
+    return cnt + tl.sum(rows, axis=0)
 
 
 @triton.jit
@@ -471,13 +485,17 @@ def _topk_scan_kernel(logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, thr_ptr
         start = chunk * chunk_size
         end = tl.minimum(start + chunk_size, length)
         slot_base = cand_ptr + (row.to(tl.int64) * max_chunks + chunk) * CAP
+        tf = _threshold_value(t)
+        r = tl.arange(0, BLOCK // 4)[:, None] * 4 + tl.arange(0, 4)[None, :]   # [BLOCK / 4, 4]
         cnt = 0
         n_full = tl.maximum(end - start, 0) // BLOCK
-        for it in range(0, n_full):  # full blocks: unmasked (vectorized) loads
-            p = start + it * BLOCK + tl.arange(0, BLOCK)
-            cnt = _scan_block(base, p, p >= 0, t, slot_base, cnt, False, CAP)
-        p = start + n_full * BLOCK + tl.arange(0, BLOCK)
-        cnt = _scan_block(base, p, p < end, t, slot_base, cnt, True, CAP)
+        for it in range(0, n_full):  # full blocks: unmasked (vectorised) loads
+            p = start + it * BLOCK + r
+            cnt = _scan_values(p, tl.load(base + p) >= tf, slot_base, cnt, CAP)
+        p = start + n_full * BLOCK + r
+        m = p < end
+        cnt = _scan_values(p, m & (tl.load(base + p, mask=m, other=0.0) >= tf), slot_base, cnt,
+                           CAP)
         tl.store(cnt_ptr + row * max_chunks + chunk, cnt)
 
 
@@ -538,14 +556,15 @@ def _select_row(row, logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, cand_ptr
                 max_chunks, chunk_size, out_ptr, stride_o, top_k, bt_ptr, stride_bt, req_ptr,
                 page_size, off_ptr, METHOD: tl.constexpr, HAS_REQ: tl.constexpr,
                 CAP: tl.constexpr, BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr,
-                STRIDE: tl.constexpr, SMALL: tl.constexpr = 0):
+                STRIDE: tl.constexpr, CHUNKS: tl.constexpr, SMALL: tl.constexpr = 0):
     """Final top-k of one row (pass-through / candidates / exact fallback) + transform epilogue.
 
     ``CAP``: the launch's candidate capacity (the block this program holds; a direct row longer
     than it, or more candidates than it, takes the exact fallback); ``STRIDE``: the capacity of
     one chunk's candidate list in ``cand_ptr`` (the plan's ``cap``, >= ``CAP``); ``SMALL``
     (``TopkLaunch.small_select``): 0, or a smaller block (``CAP // 2``) used when the row's
-    candidates fit it (the select's time scales with its block)."""
+    candidates fit it (the select's time scales with its block); ``CHUNKS``: a power of two
+    >= ``max_chunks`` (a row's chunk counts are read as one vector)."""
     length = tl.minimum(tl.load(len_ptr + row), n_cols)
     out_row = out_ptr + row.to(tl.int64) * stride_o
     base = logits_ptr + row.to(tl.int64) * stride_l
@@ -554,61 +573,67 @@ def _select_row(row, logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, cand_ptr
                          HAS_REQ, page_size, off_ptr, BLOCK)
     else:
         n_chunks = tl.load(chunks_ptr + row)
-        total = length
-        if n_chunks > 0:
-            total = 0
-            for c in range(0, n_chunks):
-                total += tl.load(cnt_ptr + row * max_chunks + c)
+        c = tl.arange(0, CHUNKS)
+        counts = tl.load(cnt_ptr + row * max_chunks + c, mask=c < n_chunks, other=0)
+        total = tl.where(n_chunks > 0, tl.sum(counts, axis=0), length)
         # the chunks must cover the row (a plan built for shorter rows falls back, still exact)
         covered = n_chunks.to(tl.int64) * chunk_size >= length
         if (total >= top_k) & (total <= CAP) & ((n_chunks == 0) | covered):
             if SMALL > 0:
                 if total <= SMALL:
-                    _select_candidates(row, base, n_chunks, total, cand_ptr, cnt_ptr, max_chunks,
+                    _select_candidates(row, base, n_chunks, total, counts, cand_ptr, max_chunks,
                                        out_row, top_k, METHOD, bt_ptr, stride_bt, req_ptr,
-                                       HAS_REQ, page_size, off_ptr, SMALL, RADIX_BITS, STRIDE)
+                                       HAS_REQ, page_size, off_ptr, SMALL, RADIX_BITS, STRIDE,
+                                       CHUNKS)
                 else:
-                    _select_candidates(row, base, n_chunks, total, cand_ptr, cnt_ptr, max_chunks,
+                    _select_candidates(row, base, n_chunks, total, counts, cand_ptr, max_chunks,
                                        out_row, top_k, METHOD, bt_ptr, stride_bt, req_ptr,
-                                       HAS_REQ, page_size, off_ptr, CAP, RADIX_BITS, STRIDE)
+                                       HAS_REQ, page_size, off_ptr, CAP, RADIX_BITS, STRIDE,
+                                       CHUNKS)
             else:
-                _select_candidates(row, base, n_chunks, total, cand_ptr, cnt_ptr, max_chunks,
+                _select_candidates(row, base, n_chunks, total, counts, cand_ptr, max_chunks,
                                    out_row, top_k, METHOD, bt_ptr, stride_bt, req_ptr, HAS_REQ,
-                                   page_size, off_ptr, CAP, RADIX_BITS, STRIDE)
+                                   page_size, off_ptr, CAP, RADIX_BITS, STRIDE, CHUNKS)
         else:
             _exact_row(base, length, top_k, out_row, row, METHOD, bt_ptr, stride_bt, req_ptr,
                        HAS_REQ, page_size, off_ptr, BLOCK)
 
 
 @triton.jit
-def _select_candidates(row, base, n_chunks, total, cand_ptr, cnt_ptr, max_chunks, out_row,
+def _select_candidates(row, base, n_chunks, total, counts, cand_ptr, max_chunks, out_row,
                        top_k, METHOD: tl.constexpr, bt_ptr, stride_bt, req_ptr,
                        HAS_REQ: tl.constexpr, page_size, off_ptr, NB: tl.constexpr,
-                       RADIX_BITS: tl.constexpr, STRIDE: tl.constexpr):
+                       RADIX_BITS: tl.constexpr, STRIDE: tl.constexpr, CHUNKS: tl.constexpr):
     """The top-k of one row from its ``total`` (``top_k <= total <= NB``) candidates, in a block
     of ``NB`` elements: the positions ``0 .. total-1`` of a direct row (no chunks), else the
-    chunks' candidate lists concatenated in chunk order (= position order), each ``STRIDE``
-    entries apart in ``cand_ptr``. Writes ``top_k`` positions, ascending, through the
-    transform epilogue."""
+    chunks' candidate lists (int32 ``counts[CHUNKS]`` entries each, zero past ``n_chunks``)
+    concatenated in chunk order (= position order), each ``STRIDE`` entries apart in
+    ``cand_ptr``. Writes ``top_k`` positions, ascending, through the transform epilogue."""
     idx = tl.arange(0, NB)
     valid = idx < total
     if n_chunks > 0:
-        start = 0
-        src = tl.zeros([NB], dtype=tl.int32) - 1
-        for c in range(0, n_chunks):
-            cnt_c = tl.load(cnt_ptr + row * max_chunks + c)
-            in_c = (idx >= start) & (idx < start + cnt_c)
-            src = tl.where(in_c, (row * max_chunks + c) * STRIDE + idx - start, src)
-            start += cnt_c
+        ends = tl.cumsum(counts, axis=0)      # one past each chunk's last block entry
+        # the chunk of entry i: the number of chunks ending at or before it, by a binary search
+        # over the non-decreasing ends (an empty chunk ends where it starts: passed over)
+        chunk = tl.zeros([NB], dtype=tl.int32)
+        for j in tl.static_range(1, 17):       # halves CHUNKS / 2, CHUNKS / 4, ..., 1
+            if (CHUNKS >> j) > 0:
+                chunk += tl.where(tl.gather(ends, chunk + ((CHUNKS >> j) - 1), axis=0) <= idx,
+                                  CHUNKS >> j, 0)
+        start = tl.gather(ends - counts, tl.minimum(chunk, CHUNKS - 1), axis=0)
+        src = (row * max_chunks + chunk) * STRIDE + idx - start
         pos = tl.load(cand_ptr + src.to(tl.int64), mask=valid, other=0)
     else:
         pos = idx
     key = tl.where(valid, _order_key(tl.load(base + pos, mask=valid, other=0.0)), 0)
-    T = _kth_largest_key(key, top_k, RADIX_BITS)  # T >= 1: invalid (key 0) never match
-    gt = key > T
-    eq = key == T
-    need = top_k - tl.sum(gt.to(tl.int32), axis=0)
-    sel = gt | (eq & (tl.cumsum(eq.to(tl.int32), axis=0) <= need))
+    T, n_ge = _kth_largest_key(key, top_k, RADIX_BITS)  # T >= 1: invalid (key 0) never match
+    if tl.where(n_ge < 0, total, n_ge) == top_k:
+        sel = key >= T      # no tie at T beyond the k-th: every key >= T is taken
+    else:
+        gt = key > T
+        eq = key == T
+        need = top_k - tl.sum(gt.to(tl.int32), axis=0)
+        sel = gt | (eq & (tl.cumsum(eq.to(tl.int32), axis=0) <= need))
     slot = tl.cumsum(sel.to(tl.int32), axis=0) - 1
     res = _transform_positions(pos, row, METHOD, bt_ptr, stride_bt, req_ptr, HAS_REQ,
                                page_size, off_ptr)
@@ -621,12 +646,12 @@ def _topk_select_kernel(logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, cand_
                         bt_ptr, stride_bt, req_ptr, page_size, off_ptr,
                         METHOD: tl.constexpr, HAS_REQ: tl.constexpr, CAP: tl.constexpr,
                         BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr, STRIDE: tl.constexpr,
-                        SMALL: tl.constexpr):
+                        CHUNKS: tl.constexpr, SMALL: tl.constexpr):
     """Sample path, one program per row: ``_select_row``."""
     _select_row(tl.program_id(0), logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, cand_ptr,
                 cnt_ptr, max_chunks, chunk_size, out_ptr, stride_o, top_k, bt_ptr, stride_bt,
                 req_ptr, page_size, off_ptr, METHOD, HAS_REQ, CAP, BLOCK, RADIX_BITS, STRIDE,
-                SMALL)
+                CHUNKS, SMALL)
 
 
 @triton.jit
@@ -635,7 +660,7 @@ def _radix_window_kernel(logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, cand
                          req_ptr, page_size, off_ptr, win_ptr, hist_ptr, list_cnt_ptr,
                          METHOD: tl.constexpr, HAS_REQ: tl.constexpr, CAP: tl.constexpr,
                          BLOCK: tl.constexpr, SAMPLE: tl.constexpr, NB: tl.constexpr,
-                         NB_BITS: tl.constexpr, STRIDE: tl.constexpr):
+                         NB_BITS: tl.constexpr, STRIDE: tl.constexpr, CHUNKS: tl.constexpr):
     """Radix path, one program per row. Short rows (no chunks): their whole top-k
     (``_select_row``). Long rows: zero the row's histogram and list counter, and store the
     window (``t_lo`` key, bin ``shift``) from a strided sample of ``SAMPLE`` values."""
@@ -644,7 +669,7 @@ def _radix_window_kernel(logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, cand
     if n_chunks == 0:
         _select_row(row, logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, cand_ptr, cnt_ptr,
                     max_chunks, chunk_size, out_ptr, stride_o, top_k, bt_ptr, stride_bt,
-                    req_ptr, page_size, off_ptr, METHOD, HAS_REQ, CAP, BLOCK, 1, STRIDE)
+                    req_ptr, page_size, off_ptr, METHOD, HAS_REQ, CAP, BLOCK, 1, STRIDE, CHUNKS)
     else:
         length = tl.minimum(tl.load(len_ptr + row), n_cols)
         base = logits_ptr + row.to(tl.int64) * stride_l
@@ -826,11 +851,11 @@ def _radix_output_kernel(logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, chun
             lk = tl.load(list_key_ptr + row * LIST + li, mask=lv, other=0).to(tl.uint32,
                                                                                bitcast=True)
             lp = tl.load(list_pos_ptr + row * LIST + li, mask=lv, other=0)
-            T = _kth_largest_key(lk, kp, 1)  # unused slots carry key 0: never counted
+            T, _ = _kth_largest_key(lk, kp, 1)  # unused slots carry key 0: never counted
             need = kp - tl.sum((lk > T).to(tl.int32), axis=0)  # ties at T taken, >= 1
             eqm = lv & (lk == T)
             # the need-th smallest tie position = the need-th largest of ~pos (>= 2^31)
-            cut = _kth_largest_key(tl.where(eqm, (~lp).to(tl.uint32, bitcast=True), 0), need, 1)
+            cut, _ = _kth_largest_key(tl.where(eqm, (~lp).to(tl.uint32, bitcast=True), 0), need, 1)
             p_cut = ~(cut.to(tl.int32, bitcast=True))
             start = chunk * chunk_size
             lsel = lv & ((lk > T) | (eqm & (lp <= p_cut)))
@@ -1083,7 +1108,7 @@ def launch_topk(logits: torch.Tensor, lengths: torch.Tensor, top_k: int, plan: T
         bt, stride_bt, req, page_size, offs,
         METHOD=method, HAS_REQ=row_req is not None, CAP=cap,
         BLOCK=min(launch.scan_block_max, cap), RADIX_BITS=launch.radix_bits, STRIDE=plan.cap,
-        SMALL=cap // 2 if launch.small_select and cap >= 2 * top_k else 0,
+        CHUNKS=_chunks_block(plan), SMALL=cap // 2 if launch.small_select and cap >= 2 * top_k else 0,
         num_warps=_select_warps(launch, cap), num_stages=launch.select_stages)
     return out
 
@@ -1113,12 +1138,18 @@ def launch_capacity(launch: TopkLaunch, top_k: int, plan: Optional[TopkPlan] = N
 
 def _sample_scan_block(launch: TopkLaunch, plan: TopkPlan) -> int:
     """Elements per iteration of the sample path's scan (a power of two): at most
-    ``scan_block_max``, and small enough that a chunk takes ``scan_stages`` iterations, so the
-    software pipeline fills (H200,
-    B=64, 32K: 4096-element chunks in 1024-element blocks 43.0 us, in 2048-element blocks
-    46.8 us; 128K: 16384-element chunks unchanged)."""
+    ``scan_block_max``, and small enough that a chunk takes ``scan_stages`` iterations (H200,
+    B=64, 32K, the 1-D prefix-sum scan: 4096-element chunks in 1024-element blocks 43.0 us, in
+    2048-element blocks 46.8 us; 128K: 16384-element chunks unchanged). Compiled for sm_90a the
+    scan's loads are not software-pipelined at any ``scan_stages`` (Triton pipelines loads that
+    feed a dot), so ``scan_stages`` acts through this block size only."""
     per_stage = max(16, plan.chunk_size // launch.scan_stages)
     return min(launch.scan_block_max, 1 << (per_stage.bit_length() - 1))   # a power of two
+
+
+def _chunks_block(plan: TopkPlan) -> int:
+    """The select's block over a row's chunk counts: a power of two >= ``plan.max_chunks``."""
+    return _next_pow2(max(plan.max_chunks, 1))
 
 
 def _select_warps(launch: TopkLaunch, cap: int) -> int:
@@ -1141,7 +1172,7 @@ def _launch_radix(logits, lengths, top_k, plan, out, method, bt, stride_bt, req,
         plan.radix_window, plan.radix_hist, plan.radix_list_count,
         METHOD=method, HAS_REQ=has_req, CAP=cap,
         BLOCK=min(launch.scan_block_max, cap), SAMPLE=sample, NB=RADIX_BINS,
-        NB_BITS=RADIX_BINS.bit_length() - 1, STRIDE=plan.cap,
+        NB_BITS=RADIX_BINS.bit_length() - 1, STRIDE=plan.cap, CHUNKS=_chunks_block(plan),
         num_warps=_select_warps(launch, cap), num_stages=launch.select_stages)
     _radix_hist_kernel[(B, C)](logits, sl, N, lengths, plan.row_chunks, plan.chunk_size,
                                plan.radix_window, plan.radix_hist, NB=RADIX_BINS, BLOCK=block,
