@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from backends.kernels.topk import (METHOD_PAGED, RADIX_BINS, RADIX_LIST, TopkLaunch,
-                                   _sample_scan_block,
+                                   _launch_params, _sample_scan_block, _small_block,
                                    candidate_capacity, launch_capacity, launch_topk,
                                    plan_build_count, plan_topk, sample_target, topk_per_row,
                                    validate_topk_inputs)
@@ -35,10 +35,12 @@ def _rows(B, N, seed, device):
 
 
 #: half the candidate capacity (CAP = 2 * next_pow2(k)), the threshold aimed at 1.5k with a
-#: 7/8 .. 9/8 window (harness/bench/indexer.py TOPK_VARIANTS "cap2_target1.5")
-CAP2 = TopkLaunch(cap_factor=2, target_factor=1.5, window_lo=0.875, window_hi=1.125)
-#: the select's half block for rows whose candidates fit it, the threshold aimed below it
-SMALL_SELECT = TopkLaunch(small_select=True, target_factor=1.5, window_lo=1.0, window_hi=1.125)
+#: 7/8 .. 9/8 window in every row (harness/bench/indexer.py TOPK_VARIANTS "cap2_target1.5")
+CAP2 = TopkLaunch(cap_factor=2, target_factor=1.5, window_lo=0.875, window_hi=1.125,
+                  long_row=None)
+#: the default before the length-aware threshold: 2k with a 3/4 .. 3/2 window, one block
+UNIFORM_T2 = TopkLaunch(target_factor=2.0, window_lo=0.75, window_hi=1.5, small_select=False,
+                        long_row=None)
 
 
 def test_mixed_lengths_all_paths(device):
@@ -233,19 +235,25 @@ def test_gpu_dsv32_size(ctx):
 #: the top-k launch variants that change the threshold path or the k-th-key search (radix
 #: select by 2- or 4-bit digit histograms instead of a bisection; the bench times them)
 THRESHOLD_VARIANTS = {
-    "exact_threshold": TopkLaunch(threshold_window=False),
-    "fused": TopkLaunch(fuse_threshold=True, threshold_window=False),
+    # the exact sample quantile aims at 2k here: at k = 16 the sample (64 values) puts 1.5k at
+    # rank 2, too noisy for the fast path the test asserts
+    "exact_threshold": TopkLaunch(threshold_window=False, target_factor=2.0),
+    "fused": TopkLaunch(fuse_threshold=True, threshold_window=False, target_factor=2.0),
     "window": TopkLaunch(),
+    "uniform_t2": UNIFORM_T2,
+    # rows over 300 elements take the long rows' target and window (2k, 3/4 .. 3/2), the others
+    # the short rows' (1.5k, 1 .. 9/8), in the same call; no half block (rows of 1000)
+    "long_row_300": TopkLaunch(long_row=300),
     "fused_window": TopkLaunch(fuse_threshold=True),
     "radix_bits2": TopkLaunch(radix_bits=2),
     "radix_bits4": TopkLaunch(radix_bits=4),
-    "exact_threshold_radix_bits4": TopkLaunch(threshold_window=False, radix_bits=4),
+    "exact_threshold_radix_bits4": TopkLaunch(threshold_window=False, radix_bits=4,
+                                              target_factor=2.0),
     # scan blocks of chunk_size // scan_stages rounded down to a power of two (128 // 3 -> 32)
     "scan_stages3": TopkLaunch(scan_stages=3),
     "scan_stages5_block4096": TopkLaunch(scan_stages=5, scan_block_max=4096),
     # a smaller target and window (at k = 16 the capacity stays 64: the [64, 16384] clamp)
     "cap2_target1.5": CAP2,
-    "small_select": SMALL_SELECT,
 }
 RADIX = TopkLaunch(algorithm="radix")
 
@@ -278,6 +286,25 @@ def test_threshold_variants_exact(name, device):
         assert k <= int(plan.counts[b].sum()) <= launch_capacity(launch, k, plan)
 
 
+def test_length_aware_threshold_and_half_block():
+    """The kernels get both rows' targets and windows (k = 2048: 1.5k with 1 .. 9/8 up to
+    long_row, 2k with 3/4 .. 3/2 past it), and the select's half block only in calls whose rows
+    are all short (a call lasts as long as its slowest row)."""
+    cap, sample, thr = _launch_params(TopkLaunch(), 2048)
+    assert (cap, sample) == (8192, 2048)
+    assert (thr["target"], thr["target_long"], thr["long_row"]) == (3072, 4096, 65536)
+    assert (thr["WLO_N"], thr["WLO_D"], thr["WHI_N"], thr["WHI_D"]) == (1, 1, 9, 8)
+    assert (thr["LLO_N"], thr["LLO_D"], thr["LHI_N"], thr["LHI_D"]) == (3, 4, 3, 2)
+    assert _launch_params(TopkLaunch(long_row=None), 2048)[2]["long_row"] == 2 ** 31 - 1
+    short = plan_topk(torch.tensor([65536, 9000], dtype=torch.int32), 2048)
+    long = plan_topk(torch.tensor([65537, 9000], dtype=torch.int32), 2048)
+    assert _small_block(TopkLaunch(), short, 8192) == 4096
+    assert _small_block(TopkLaunch(), long, 8192) == 0
+    assert _small_block(TopkLaunch(long_row=None), long, 8192) == 4096
+    assert _small_block(UNIFORM_T2, short, 8192) == 0
+    assert _small_block(TopkLaunch(), short, 2048) == 0          # CAP / 2 would not hold 2k
+
+
 def test_launch_validation():
     with pytest.raises(ValueError, match="TopkLaunch.radix_bits"):
         TopkLaunch(radix_bits=3)
@@ -296,31 +323,46 @@ def test_launch_validation():
 def test_launch_capacity_and_target_validation(device):
     assert candidate_capacity(2048) == 8192 and candidate_capacity(2048, 2) == 4096
     assert candidate_capacity(16, 2) == 64 and candidate_capacity(32, 2) == 64
-    assert sample_target(2048) == 4096 and sample_target(2048, CAP2) == 3072
-    assert sample_target(2048, TopkLaunch(cap_factor=2, target_factor=1.25,
-                                          window_lo=0.8, window_hi=1.6)) == 2560
+    assert sample_target(2048) == 3072 and sample_target(2048, long=True) == 4096
+    assert sample_target(2048, CAP2) == 3072 and sample_target(2048, UNIFORM_T2) == 4096
+    assert sample_target(2048, TopkLaunch(cap_factor=2, target_factor=1.25, window_lo=0.8,
+                                          window_hi=1.6, long_row=None)) == 2560
     with pytest.raises(ValueError, match="TopkLaunch.cap_factor must be a power of two >= 2"):
         TopkLaunch(cap_factor=3)
     with pytest.raises(ValueError, match="TopkLaunch.cap_factor"):
         TopkLaunch(cap_factor=1)
     with pytest.raises(ValueError, match=r"TopkLaunch.target_factor must be in \(1, "):
-        TopkLaunch(cap_factor=2)  # 2k would leave no room below CAP = 2 next_pow2(k)
+        TopkLaunch(cap_factor=2, target_factor=2.0)  # no room below CAP = 2 next_pow2(k)
+    with pytest.raises(ValueError,
+                       match=r"TopkLaunch.long_target_factor must be in .* = \(1, 1.5\]"):
+        TopkLaunch(cap_factor=2)  # the long rows' 2k
+    TopkLaunch(cap_factor=2, long_row=None)  # no long rows: their target is not used
     with pytest.raises(ValueError, match="TopkLaunch.target_factor"):
         TopkLaunch(target_factor=1.0)
     with pytest.raises(ValueError, match="TopkLaunch.target_factor must be a finite number"):
         TopkLaunch(target_factor=float("nan"))
     with pytest.raises(ValueError, match="TopkLaunch.window_hi must be <= cap_factor / target"):
-        TopkLaunch(cap_factor=2, target_factor=1.5)  # 3/2 of 1.5k > CAP
+        TopkLaunch(cap_factor=2, window_hi=1.5, long_row=None)  # 3/2 of 1.5k > CAP
     with pytest.raises(ValueError, match="TopkLaunch.window_lo must be >= 1 / target_factor"):
-        TopkLaunch(cap_factor=2, target_factor=1.25, window_hi=1.6)  # 3/4 of 1.25k < k
+        TopkLaunch(cap_factor=2, target_factor=1.25, window_lo=0.75, window_hi=1.6,
+                   long_row=None)  # 3/4 of 1.25k < k
+    with pytest.raises(ValueError, match="TopkLaunch.long_window_lo must be >= 1 / "
+                                         "long_target_factor"):
+        TopkLaunch(long_window_lo=0.25)
+    with pytest.raises(ValueError, match=r"TopkLaunch.long_row must be an int >= 0"):
+        TopkLaunch(long_row=-1)
+    with pytest.raises(ValueError, match="TopkLaunch.threshold_warps must be one of"):
+        TopkLaunch(threshold_warps=3)
     with pytest.raises(ValueError, match=r"TopkLaunch.window_lo must be in \(0, 1\]"):
         TopkLaunch(window_lo=1.2)
     with pytest.raises(ValueError, match="TopkLaunch.sample_max must be a power of two >= 64"):
         TopkLaunch(sample_max=3000)
     with pytest.raises(ValueError, match="TopkLaunch.target_factor applies to algorithm='sample'"):
-        TopkLaunch(algorithm="radix", target_factor=1.5)
+        TopkLaunch(algorithm="radix", target_factor=2.0)
+    with pytest.raises(ValueError, match="TopkLaunch.long_window_hi applies to algorithm="):
+        TopkLaunch(algorithm="radix", long_window_hi=2.0)
     # the window is unused without threshold_window; the radix path takes any cap_factor
-    TopkLaunch(cap_factor=2, target_factor=1.5, threshold_window=False)
+    TopkLaunch(cap_factor=2, target_factor=1.5, threshold_window=False, long_row=None)
     TopkLaunch(algorithm="radix", cap_factor=2)
     with pytest.raises(ValueError, match="cap_factor must be a power of two"):
         plan_topk(torch.tensor([100], dtype=torch.int32), 16, cap_factor=6)
@@ -344,9 +386,9 @@ SMALL_CAP = {
     # the default plan (cap 128): direct rows of 65..128 and 65..128 candidates fall back
     "cap2_target1.5_default_plan": (CAP2, 4),
     "cap2_exact_threshold": (TopkLaunch(cap_factor=2, target_factor=1.5,
-                                        threshold_window=False), 2),
+                                        threshold_window=False, long_row=None), 2),
     "cap2_fused_window4/3": (TopkLaunch(cap_factor=2, target_factor=1.5, window_hi=4 / 3,
-                                        fuse_threshold=True), 2),
+                                        fuse_threshold=True, long_row=None), 2),
     "cap2_radix": (TopkLaunch(algorithm="radix", cap_factor=2), 2),
 }
 

@@ -10,9 +10,11 @@ candidate capacity of one program, ``cap_factor * next_pow2(k)`` clamped to ``[6
   of the row (``min(TopkLaunch.sample_max, CAP)``, 2048 by default) and finds (radix search on
   the order-preserving key) the value ``t`` of rank ``r = ceil(SAMPLE * target / L)`` in it, so
   that about ``target`` row elements are ``>= t`` (``target = min(ceil(target_factor * k),
-  (k + CAP) // 2)``, ``TopkLaunch.target_factor``, default 2: ``2k``). A *scan*
-  kernel (the row split into chunks over several programs, as planned) compacts the positions
-  of elements ``>= t`` into per-chunk candidate lists, in position order, and counts them.
+  (k + CAP) // 2)``, ``TopkLaunch.target_factor``, default 1.5: ``1.5k``; rows longer than
+  ``TopkLaunch.long_row``, 65536, ``long_target_factor``, default 2). A *scan* kernel (the row
+  split into chunks over several programs, as planned) compares the values with ``t``'s float
+  and compacts the positions of elements ``>= t`` into per-chunk candidate lists, in position
+  order, and counts them.
   When the total lies in ``[k, CAP]`` (all but adversarial rows) the *select* kernel gathers
   the candidates into one program; otherwise it falls back to an exact search over the whole
   row (32 counting passes over the row: slow, but correct for any input, e.g. rows of
@@ -26,7 +28,8 @@ candidate capacity of one program, ``cap_factor * next_pow2(k)`` clamped to ``[6
 
 Threshold variants (``TopkLaunch``; results unchanged, the select stays exact):
 ``threshold_window`` (the default) stops the sample search at the first probe whose count lies
-within ``window_lo .. window_hi`` (default 3/4 .. 3/2) of the target rank ``r`` instead of
+within ``window_lo .. window_hi`` (default 1 .. 9/8; long rows ``long_window_lo ..
+long_window_hi``, 3/4 .. 3/2) of the target rank ``r`` instead of
 resolving it bit by bit (``False``: the exact sample quantile); ``fuse_threshold`` computes the
 sample threshold inside every scan program of the row (no threshold kernel). A smaller
 ``cap_factor`` shrinks the select program (its time scales with ``CAP``, not with the
@@ -130,10 +133,11 @@ class TopkLaunch:
     with a ``cap_factor`` at least this one (``launch_topk`` raises otherwise). With a smaller
     one than the plan's, rows of ``CAP < L <= plan.cap`` take the exact whole-row fallback
     (correct, slow: build the plan with the launch's cap_factor).
-    target_factor ("sample" only; default 2.0): the threshold aims at
-    ``target = min(ceil(target_factor * k), (k + CAP) // 2)`` elements ``>= t``; must lie in
-    ``(1, (1 + cap_factor) / 2]`` (then the clamp never binds for ``k <= 16384 / cap_factor``).
-    window_lo / window_hi ("sample" only; defaults 0.75 / 1.5): the threshold window as
+    target_factor ("sample" only; default 1.5): the threshold aims at
+    ``target = min(ceil(target_factor * k), (k + CAP) // 2)`` elements ``>= t`` in rows of at
+    most ``long_row`` elements; must lie in ``(1, (1 + cap_factor) / 2]`` (then the clamp never
+    binds for ``k <= 16384 / cap_factor``).
+    window_lo / window_hi ("sample" only; defaults 1 / 1.125): the threshold window as
     fractions of the target sample rank ``r`` (``[floor(window_lo * r), ceil(window_hi * r)]``,
     clamped to [1, SAMPLE]); with ``threshold_window`` the expected candidate counts at its edges
     must lie in ``[k, CAP]``: ``window_lo * target_factor >= 1`` and
@@ -144,11 +148,22 @@ class TopkLaunch:
     sample has ``SAMPLE = min(sample_max, CAP)`` values (the radix path's window sample too); a
     larger one narrows the candidate count's spread (its rank noise scales with
     ``sqrt(L / SAMPLE)``) at the cost of a longer threshold search.
-    small_select ("sample" only): the select program also holds a block of ``CAP // 2``
-    elements and uses it for a row whose candidates fit it (larger counts keep the ``CAP``
-    block, so nothing more falls back); pays off with a target well below ``CAP // 2`` (e.g.
-    ``target_factor=1.5`` with a window of 1 .. 9/8: 3072 .. 3456 expected at k = 2048), since a
-    call takes as long as its slowest row.
+    long_row ("sample" only; default 65536; None: no row is long, and the three ``long_``
+    fields are not used): rows longer than this many elements take the threshold
+    ``long_target_factor`` / ``long_window_lo`` / ``long_window_hi`` (defaults 2 / 0.75 / 1.5,
+    the same rules as the short rows' three): the sample's rank noise grows with
+    ``L / SAMPLE``, so a target and window as narrow as the short rows' would leave some long
+    rows with fewer than k candidates (the slow exact fallback; a numpy replica of the search,
+    ``results/h200-2026-12-03-topk/scripts/threshold_sim.py``: none of 1500 rows at 32K and 800
+    at 64K with 1.5 and 1 .. 9/8, 0.33 % of 600 at 128K with 1.5 and 7/8 .. 9/8).
+    small_select ("sample" only; default True): the select program also holds a block of
+    ``CAP // 2`` elements and uses it for a row whose candidates fit it (larger counts keep the
+    ``CAP`` block, so nothing more falls back), in calls whose rows are all at most
+    ``long_row`` long (``plan.max_len``; a call takes as long as its slowest row, and the long
+    rows' wider target rarely fits the half block); pays off with a target well below
+    ``CAP // 2`` (1.5 with a window of 1 .. 9/8: 3072 .. 3456 expected at k = 2048).
+    threshold_warps (1, 2, 4 or 8; default 4): the threshold kernel's warps (its sample search
+    is a chain of block-wide counts).
     None of these changes the result.
     """
 
@@ -162,11 +177,16 @@ class TopkLaunch:
     threshold_window: bool = True
     algorithm: str = "sample"
     cap_factor: int = CAP_FACTOR
-    target_factor: float = 2.0
-    window_lo: float = 0.75
-    window_hi: float = 1.5
+    target_factor: float = 1.5
+    window_lo: float = 1.0
+    window_hi: float = 1.125
     sample_max: int = SAMPLE_MAX
-    small_select: bool = False
+    small_select: bool = True
+    long_row: Optional[int] = 65536
+    long_target_factor: float = 2.0
+    long_window_lo: float = 0.75
+    long_window_hi: float = 1.5
+    threshold_warps: int = 4
 
     def __post_init__(self):
         if self.algorithm not in ALGORITHMS:
@@ -180,7 +200,7 @@ class TopkLaunch:
         v = self.scan_block_max
         if not isinstance(v, int) or v < 16 or v & (v - 1):
             raise ValueError(f"TopkLaunch.scan_block_max must be a power of two >= 16, got {v!r}")
-        for name in ("select_warps", "scan_warps"):
+        for name in ("select_warps", "scan_warps", "threshold_warps"):
             if getattr(self, name) not in (1, 2, 4, 8, 16):
                 raise ValueError(f"TopkLaunch.{name} must be one of 1, 2, 4, 8, 16, "
                                  f"got {getattr(self, name)!r}")
@@ -195,38 +215,52 @@ class TopkLaunch:
         v = self.sample_max
         if not _is_int(v) or v < 64 or v & (v - 1):
             raise ValueError(f"TopkLaunch.sample_max must be a power of two >= 64, got {v!r}")
-        for name in ("target_factor", "window_lo", "window_hi"):
+        if self.long_row is not None and (not _is_int(self.long_row) or self.long_row < 0):
+            raise ValueError(f"TopkLaunch.long_row must be an int >= 0 (elements) or None (no "
+                             f"row is long), got {self.long_row!r}")
+        for name in _RATIOS + _LONG_RATIOS:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise ValueError(f"TopkLaunch.{name} must be a finite number, got {v!r}")
         if self.algorithm == "radix":
-            changed = [n for n in ("target_factor", "window_lo", "window_hi")
+            changed = [n for n in _RATIOS + _LONG_RATIOS
                        if getattr(self, n) != _SAMPLE_ONLY_DEFAULTS[n]]
             if changed:
                 raise ValueError(f"TopkLaunch.{changed[0]} applies to algorithm='sample' only "
                                  f"(the radix path has no sample target); leave it at "
                                  f"{_SAMPLE_ONLY_DEFAULTS[changed[0]]!r} with algorithm='radix'")
             return
-        tf, lo, hi = launch_ratios(self)
+        self._check_ratios("", *launch_ratios(self))
+        if self.long_row is not None:
+            self._check_ratios("long_", *launch_ratios(self, long=True))
+
+    def _check_ratios(self, prefix: str, tf: Fraction, lo: Fraction, hi: Fraction) -> None:
+        """The target and window rules (class docstring) for the short (``prefix`` "") or
+        long ("long_") rows' fields."""
+        name = lambda n: f"TopkLaunch.{prefix}{n}"
+        value = lambda n: getattr(self, prefix + n)
         if not 1 < tf <= Fraction(1 + self.cap_factor, 2):
-            raise ValueError(f"TopkLaunch.target_factor must be in (1, (1 + cap_factor) / 2] = "
+            raise ValueError(f"{name('target_factor')} must be in (1, (1 + cap_factor) / 2] = "
                              f"(1, {(1 + self.cap_factor) / 2:g}] for cap_factor="
-                             f"{self.cap_factor}, got {self.target_factor!r}")
+                             f"{self.cap_factor}, got {value('target_factor')!r}")
         if not 0 < lo <= 1:
-            raise ValueError(f"TopkLaunch.window_lo must be in (0, 1], got {self.window_lo!r}")
+            raise ValueError(f"{name('window_lo')} must be in (0, 1], got {value('window_lo')!r}")
         if hi < 1:
-            raise ValueError(f"TopkLaunch.window_hi must be >= 1, got {self.window_hi!r}")
+            raise ValueError(f"{name('window_hi')} must be >= 1, got {value('window_hi')!r}")
         if self.threshold_window and lo * tf < 1:
-            raise ValueError(f"TopkLaunch.window_lo must be >= 1 / target_factor = "
-                             f"{1 / self.target_factor:.4g} (the window's low edge expects at "
-                             f"least k candidates), got {self.window_lo!r}")
+            raise ValueError(f"{name('window_lo')} must be >= 1 / {prefix}target_factor = "
+                             f"{1 / value('target_factor'):.4g} (the window's low edge expects at "
+                             f"least k candidates), got {value('window_lo')!r}")
         if self.threshold_window and hi * tf > self.cap_factor:
-            raise ValueError(f"TopkLaunch.window_hi must be <= cap_factor / target_factor = "
-                             f"{self.cap_factor / self.target_factor:.4g} (the window's high edge "
-                             f"expects at most CAP candidates), got {self.window_hi!r}")
+            raise ValueError(f"{name('window_hi')} must be <= cap_factor / {prefix}target_factor "
+                             f"= {self.cap_factor / value('target_factor'):.4g} (the window's high "
+                             f"edge expects at most CAP candidates), got {value('window_hi')!r}")
 
 
-_SAMPLE_ONLY_DEFAULTS = {"target_factor": 2.0, "window_lo": 0.75, "window_hi": 1.5}
+_RATIOS = ("target_factor", "window_lo", "window_hi")
+_LONG_RATIOS = ("long_target_factor", "long_window_lo", "long_window_hi")
+_SAMPLE_ONLY_DEFAULTS = {n: TopkLaunch.__dataclass_fields__[n].default
+                         for n in _RATIOS + _LONG_RATIOS}
 
 
 def _is_int(v) -> bool:
@@ -242,18 +276,20 @@ def _ratio(x: float) -> Fraction:
     return Fraction(x).limit_denominator(RATIO_DENOMINATOR)
 
 
-def launch_ratios(launch: TopkLaunch):
-    """``(target_factor, window_lo, window_hi)`` of ``launch`` as the ``Fraction``s the kernels
-    use (nearest with a denominator <= ``RATIO_DENOMINATOR``)."""
-    return _ratio(launch.target_factor), _ratio(launch.window_lo), _ratio(launch.window_hi)
+def launch_ratios(launch: TopkLaunch, long: bool = False):
+    """``(target_factor, window_lo, window_hi)`` of ``launch`` (``long``: the ``long_``
+    ones) as the ``Fraction``s the kernels use (nearest with a denominator <=
+    ``RATIO_DENOMINATOR``)."""
+    prefix = "long_" if long else ""
+    return tuple(_ratio(getattr(launch, prefix + n)) for n in _RATIOS)
 
 
-def sample_target(top_k: int, launch: TopkLaunch = TopkLaunch()) -> int:
+def sample_target(top_k: int, launch: TopkLaunch = TopkLaunch(), long: bool = False) -> int:
     """Elements of a long row the sample threshold aims to keep (``>= t``):
     ``min(ceil(target_factor * k), (k + CAP) // 2)`` with ``CAP`` the launch's capacity
-    (4096 for k = 2048 by default)."""
+    (3072 for k = 2048 by default; ``long``: with ``long_target_factor``, 4096)."""
     cap = candidate_capacity(top_k, launch.cap_factor)
-    return min(math.ceil(_ratio(launch.target_factor) * top_k), (top_k + cap) // 2)
+    return min(math.ceil(launch_ratios(launch, long)[0] * top_k), (top_k + cap) // 2)
 
 
 def plan_build_count() -> int:
@@ -405,37 +441,46 @@ def _windowed_rank_key(key, r_lo, r_hi):
 
 
 @triton.jit
-def _row_threshold(base, length, target, SAMPLE: tl.constexpr, RADIX_BITS: tl.constexpr,
-                   WINDOW: tl.constexpr, WLO_N: tl.constexpr, WLO_D: tl.constexpr,
-                   WHI_N: tl.constexpr, WHI_D: tl.constexpr):
+def _row_threshold(base, length, target, target_long, long_row, SAMPLE: tl.constexpr,
+                   RADIX_BITS: tl.constexpr, WINDOW: tl.constexpr, WLO_N: tl.constexpr,
+                   WLO_D: tl.constexpr, WHI_N: tl.constexpr, WHI_D: tl.constexpr,
+                   LLO_N: tl.constexpr, LLO_D: tl.constexpr, LHI_N: tl.constexpr,
+                   LHI_D: tl.constexpr):
     """uint32 key of a strided sample's quantile such that about ``target`` of the row's
     ``length`` elements are >= it (WINDOW: anywhere from ``WLO_N / WLO_D`` to ``WHI_N / WHI_D``
-    of that, e.g. 3/4 to 3/2: sample ranks ``floor(3r/4) .. ceil(3r/2)``)."""
+    of that, e.g. 1 to 9/8: sample ranks ``r .. ceil(9r/8)``); a row longer than ``long_row``
+    aims at ``target_long`` with the window ``LLO_N / LLO_D .. LHI_N / LHI_D`` instead."""
     i = tl.arange(0, SAMPLE).to(tl.int64)
     pos = (i * length) // SAMPLE
     key = _order_key(tl.load(base + pos))
-    r = tl.minimum(tl.maximum((SAMPLE * target + length - 1) // length, 1), SAMPLE)
+    long = length > long_row
+    r = tl.minimum(tl.maximum((SAMPLE * tl.where(long, target_long, target) + length - 1)
+                              // length, 1), SAMPLE)
     if WINDOW:
-        t = _windowed_rank_key(key, tl.maximum((WLO_N * r) // WLO_D, 1),
-                               tl.minimum((WHI_N * r + WHI_D - 1) // WHI_D, SAMPLE))
+        r_lo = tl.where(long, (LLO_N * r) // LLO_D, (WLO_N * r) // WLO_D)
+        r_hi = tl.where(long, (LHI_N * r + LHI_D - 1) // LHI_D, (WHI_N * r + WHI_D - 1) // WHI_D)
+        t = _windowed_rank_key(key, tl.maximum(r_lo, 1), tl.minimum(r_hi, SAMPLE))
     else:
         t, _ = _kth_largest_key(key, r, RADIX_BITS)
     return t
 
 
 @triton.jit
-def _topk_threshold_kernel(logits_ptr, stride_l, n_cols, len_ptr, thr_ptr, target,
-                           CAP: tl.constexpr, SAMPLE: tl.constexpr, RADIX_BITS: tl.constexpr,
-                           WINDOW: tl.constexpr, WLO_N: tl.constexpr, WLO_D: tl.constexpr,
-                           WHI_N: tl.constexpr, WHI_D: tl.constexpr):
+def _topk_threshold_kernel(logits_ptr, stride_l, n_cols, len_ptr, thr_ptr, target, target_long,
+                           long_row, CAP: tl.constexpr, SAMPLE: tl.constexpr,
+                           RADIX_BITS: tl.constexpr, WINDOW: tl.constexpr, WLO_N: tl.constexpr,
+                           WLO_D: tl.constexpr, WHI_N: tl.constexpr, WHI_D: tl.constexpr,
+                           LLO_N: tl.constexpr, LLO_D: tl.constexpr, LHI_N: tl.constexpr,
+                           LHI_D: tl.constexpr):
     """Per row longer than ``CAP`` (the launch's capacity): key of a sample quantile such that
-    about ``target`` elements are >= it (window ``WLO_N / WLO_D .. WHI_N / WHI_D`` of the
-    target rank; TopkLaunch defaults 3/4 .. 3/2)."""
+    about ``target`` elements are >= it (``target_long`` past ``long_row`` elements; the
+    windows as in ``_row_threshold``)."""
     row = tl.program_id(0)
     length = tl.minimum(tl.load(len_ptr + row), n_cols)
     if length > CAP:
-        t = _row_threshold(logits_ptr + row.to(tl.int64) * stride_l, length, target, SAMPLE,
-                           RADIX_BITS, WINDOW, WLO_N, WLO_D, WHI_N, WHI_D)
+        t = _row_threshold(logits_ptr + row.to(tl.int64) * stride_l, length, target,
+                           target_long, long_row, SAMPLE, RADIX_BITS, WINDOW, WLO_N, WLO_D,
+                           WHI_N, WHI_D, LLO_N, LLO_D, LHI_N, LHI_D)
         tl.store(thr_ptr + row, t.to(tl.int32, bitcast=True))
 
 
@@ -464,10 +509,12 @@ def _scan_values(p, sel, slot_base, cnt, CAP: tl.constexpr):
 
 @triton.jit
 def _topk_scan_kernel(logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, thr_ptr, cand_ptr,
-                      cnt_ptr, chunk_size, max_chunks, target, CAP: tl.constexpr,
-                      BLOCK: tl.constexpr, FUSE_THRESHOLD: tl.constexpr, SAMPLE: tl.constexpr,
-                      RADIX_BITS: tl.constexpr, WINDOW: tl.constexpr, WLO_N: tl.constexpr,
-                      WLO_D: tl.constexpr, WHI_N: tl.constexpr, WHI_D: tl.constexpr):
+                      cnt_ptr, chunk_size, max_chunks, target, target_long, long_row,
+                      CAP: tl.constexpr, BLOCK: tl.constexpr, FUSE_THRESHOLD: tl.constexpr,
+                      SAMPLE: tl.constexpr, RADIX_BITS: tl.constexpr, WINDOW: tl.constexpr,
+                      WLO_N: tl.constexpr, WLO_D: tl.constexpr, WHI_N: tl.constexpr,
+                      WHI_D: tl.constexpr, LLO_N: tl.constexpr, LLO_D: tl.constexpr,
+                      LHI_N: tl.constexpr, LHI_D: tl.constexpr):
     """One chunk of a long row: positions of elements >= the row's threshold, in order
     (FUSE_THRESHOLD: the threshold computed here from the row's sample, else read). ``CAP``:
     the capacity and stride of a chunk's list (the plan's ``cap``; the count goes on past it)."""
@@ -478,8 +525,9 @@ def _topk_scan_kernel(logits_ptr, stride_l, n_cols, len_ptr, chunks_ptr, thr_ptr
         length = tl.minimum(tl.load(len_ptr + row), n_cols)
         base = logits_ptr + row.to(tl.int64) * stride_l
         if FUSE_THRESHOLD:
-            t = _row_threshold(base, length, target, SAMPLE, RADIX_BITS, WINDOW, WLO_N, WLO_D,
-                               WHI_N, WHI_D)
+            t = _row_threshold(base, length, target, target_long, long_row, SAMPLE,
+                               RADIX_BITS, WINDOW, WLO_N, WLO_D, WHI_N, WHI_D, LLO_N, LLO_D,
+                               LHI_N, LHI_D)
         else:
             t = tl.load(thr_ptr + row).to(tl.uint32, bitcast=True)
         start = chunk * chunk_size
@@ -1083,7 +1131,7 @@ def launch_topk(logits: torch.Tensor, lengths: torch.Tensor, top_k: int, plan: T
     stride_bt = block_table.stride(0) if block_table is not None else 0
     req = row_req if row_req is not None else dummy
     offs = row_offsets if row_offsets is not None else dummy
-    cap, sample, target, window = _launch_params(launch, top_k)
+    cap, sample, threshold = _launch_params(launch, top_k)
     if cap > plan.cap:
         launch_capacity(launch, top_k, plan)  # raises
     if plan.needs_scan and launch.algorithm == "radix":
@@ -1093,14 +1141,14 @@ def launch_topk(logits: torch.Tensor, lengths: torch.Tensor, top_k: int, plan: T
     if plan.needs_scan:
         if not launch.fuse_threshold:
             _topk_threshold_kernel[(B,)](logits, logits.stride(0), N, lengths, plan.thresholds,
-                                         target, CAP=cap, SAMPLE=sample,
-                                         RADIX_BITS=launch.radix_bits, **window, num_warps=4)
+                                         CAP=cap, SAMPLE=sample, RADIX_BITS=launch.radix_bits,
+                                         **threshold, num_warps=launch.threshold_warps)
         _topk_scan_kernel[(B, plan.max_chunks)](
             logits, logits.stride(0), N, lengths, plan.row_chunks, plan.thresholds,
-            plan.candidates, plan.counts, plan.chunk_size, plan.max_chunks, target,
+            plan.candidates, plan.counts, plan.chunk_size, plan.max_chunks,
             CAP=plan.cap, BLOCK=_sample_scan_block(launch, plan),
             FUSE_THRESHOLD=launch.fuse_threshold, SAMPLE=sample,
-            RADIX_BITS=launch.radix_bits, **window,
+            RADIX_BITS=launch.radix_bits, **threshold,
             num_warps=launch.scan_warps, num_stages=launch.scan_stages)
     _topk_select_kernel[(B,)](
         logits, logits.stride(0), N, lengths, plan.row_chunks, plan.candidates, plan.counts,
@@ -1108,20 +1156,27 @@ def launch_topk(logits: torch.Tensor, lengths: torch.Tensor, top_k: int, plan: T
         bt, stride_bt, req, page_size, offs,
         METHOD=method, HAS_REQ=row_req is not None, CAP=cap,
         BLOCK=min(launch.scan_block_max, cap), RADIX_BITS=launch.radix_bits, STRIDE=plan.cap,
-        CHUNKS=_chunks_block(plan), SMALL=cap // 2 if launch.small_select and cap >= 2 * top_k else 0,
+        CHUNKS=_chunks_block(plan), SMALL=_small_block(launch, plan, cap),
         num_warps=_select_warps(launch, cap), num_stages=launch.select_stages)
     return out
 
 
 @functools.lru_cache(maxsize=1024)
 def _launch_params(launch: TopkLaunch, top_k: int):
-    """``(CAP, SAMPLE, target, window constexprs)`` of ``launch`` at ``top_k``, cached (the
+    """``(CAP, SAMPLE, threshold)`` of ``launch`` at ``top_k``: the threshold and scan kernels'
+    keyword arguments (the targets, ``long_row`` and the windows' fractions), cached (the
     fractions cost ~8 us of host time per call otherwise)."""
     cap = candidate_capacity(top_k, launch.cap_factor)
     _, lo, hi = launch_ratios(launch)
-    window = dict(WINDOW=launch.threshold_window, WLO_N=lo.numerator, WLO_D=lo.denominator,
-                  WHI_N=hi.numerator, WHI_D=hi.denominator)
-    return cap, min(launch.sample_max, cap), sample_target(top_k, launch), window
+    _, llo, lhi = launch_ratios(launch, long=True)
+    threshold = dict(target=sample_target(top_k, launch),
+                     target_long=sample_target(top_k, launch, long=True),
+                     long_row=2 ** 31 - 1 if launch.long_row is None else min(launch.long_row,
+                                                                               2 ** 31 - 1),
+                     WINDOW=launch.threshold_window, WLO_N=lo.numerator, WLO_D=lo.denominator,
+                     WHI_N=hi.numerator, WHI_D=hi.denominator, LLO_N=llo.numerator,
+                     LLO_D=llo.denominator, LHI_N=lhi.numerator, LHI_D=lhi.denominator)
+    return cap, min(launch.sample_max, cap), threshold
 
 
 def launch_capacity(launch: TopkLaunch, top_k: int, plan: Optional[TopkPlan] = None) -> int:
@@ -1145,6 +1200,14 @@ def _sample_scan_block(launch: TopkLaunch, plan: TopkPlan) -> int:
     feed a dot), so ``scan_stages`` acts through this block size only."""
     per_stage = max(16, plan.chunk_size // launch.scan_stages)
     return min(launch.scan_block_max, 1 << (per_stage.bit_length() - 1))   # a power of two
+
+
+def _small_block(launch: TopkLaunch, plan: TopkPlan, cap: int) -> int:
+    """The select's half block (``TopkLaunch.small_select``; 0: none): ``cap // 2`` when it
+    still holds ``2 k`` and no row of the call is longer than ``long_row``."""
+    use = (launch.small_select and cap >= 2 * plan.top_k
+           and (launch.long_row is None or plan.max_len <= launch.long_row))
+    return cap // 2 if use else 0
 
 
 def _chunks_block(plan: TopkPlan) -> int:

@@ -104,23 +104,30 @@ TOPK_VARIANTS: Dict[str, TopkLaunch] = {
     "radix_b4096_w8": TopkLaunch(algorithm="radix", scan_block_max=4096, scan_warps=8),
     "radix_s2": TopkLaunch(algorithm="radix", scan_stages=2),
     # half the select's candidate capacity (CAP 4096 at k = 2048; its time scales with CAP), the
-    # threshold aimed at 1.5k = 3072 (k .. CAP = 2048 .. 4096 around it); the shared plan keeps
-    # its 8192-candidate lists. A row outside [k, CAP] takes the slow exact fallback: estimated
-    # per row (i.i.d. rows, a 2048 sample) ~0.05 % at 32K but ~2-4 % at 128K; a 4096 sample
-    # ~0.1 % at 128K (the rank noise scales with sqrt(L / sample))
+    # threshold aimed at 1.5k = 3072 in every row; the shared plan keeps its 8192-candidate
+    # lists. A row outside [k, CAP] takes the slow exact fallback: ~0.05 % of rows at 32K but
+    # ~2-4 % at 128K by a numpy replica of the search (a 4096 sample: ~0.1 % at 128K)
     "cap2_target1.5": TopkLaunch(cap_factor=2, target_factor=1.5, window_lo=0.875,
-                                 window_hi=1.125),
-    "cap2_target1.5_exact": TopkLaunch(cap_factor=2, target_factor=1.5, threshold_window=False),
+                                 window_hi=1.125, long_row=None),
+    "cap2_target1.5_exact": TopkLaunch(cap_factor=2, target_factor=1.5, threshold_window=False,
+                                       long_row=None),
     "cap2_target1.5_exact_s4096": TopkLaunch(cap_factor=2, target_factor=1.5,
-                                             threshold_window=False, sample_max=4096),
-    # the select's half block (4096) for rows whose candidates fit, the full 8192 block for the
-    # others (no more fallbacks than the default); a call takes as long as its slowest row, so
-    # the threshold aims at 1.5k with a window of 1 .. 9/8 (3072 .. 3456 expected)
-    "small_select": TopkLaunch(small_select=True),
-    "small_select_t1.5": TopkLaunch(small_select=True, target_factor=1.5, window_lo=1.0,
-                                    window_hi=1.125),
-    "small_select_t1.5_w7/8": TopkLaunch(small_select=True, target_factor=1.5, window_lo=0.875,
-                                         window_hi=1.125),
+                                             threshold_window=False, sample_max=4096,
+                                             long_row=None),
+    # the default before 2026-12-03 (second session): target 2k with a 3/4 .. 3/2 window in
+    # every row, no half-block select
+    "uniform_t2": TopkLaunch(target_factor=2.0, window_lo=0.75, window_hi=1.5,
+                             small_select=False, long_row=None),
+    # the half block and the short rows' 1.5k target at every length, with the 1 .. 9/8 window
+    # (the default's short rows) or 7/8 .. 9/8 (0.33 % of 128K rows below k, simulated)
+    "short_everywhere": TopkLaunch(long_row=None),
+    "short_everywhere_w7/8": TopkLaunch(window_lo=0.875, long_row=None),
+    # where the long rows begin
+    "long_row_32k": TopkLaunch(long_row=32768),
+    # the threshold kernel's warps (its sample search is a chain of block-wide counts)
+    "threshold_w1": TopkLaunch(threshold_warps=1),
+    "threshold_w2": TopkLaunch(threshold_warps=2),
+    "threshold_w8": TopkLaunch(threshold_warps=8),
 }
 #: --tune sweeps the indexer variants at contexts from this length on
 TUNE_MIN_CONTEXT = 32768

@@ -10,27 +10,26 @@ from harness.timing import time_fn, capture_graph
 
 LAUNCHES = {
     "default": T.TopkLaunch(),
-    "scan_b1024": T.TopkLaunch(scan_block_max=1024),
-    "scan_b4096_w8_s3": T.TopkLaunch(scan_block_max=4096, scan_warps=8, scan_stages=3),
-    "small_select_t1.5": T.TopkLaunch(small_select=True, target_factor=1.5, window_lo=1.0,
-                                      window_hi=1.125),
-    "small_select_t1.5_w7/8": T.TopkLaunch(small_select=True, target_factor=1.5,
-                                           window_lo=0.875, window_hi=1.125),
+    "uniform_t2 (old default)": T.TopkLaunch(target_factor=2.0, window_lo=0.75, window_hi=1.5,
+                                             small_select=False, long_row=None),
+    "short_everywhere": T.TopkLaunch(long_row=None),
+    "threshold_w1": T.TopkLaunch(threshold_warps=1),
+    "threshold_w2": T.TopkLaunch(threshold_warps=2),
 }
 
 
 def stages(logits, lengths, k, plan, out, L, upto):
     B, N = logits.shape
-    cap, sample, target, window = T._launch_params(L, k)
-    T._topk_threshold_kernel[(B,)](logits, logits.stride(0), N, lengths, plan.thresholds, target,
-                                   CAP=cap, SAMPLE=sample, RADIX_BITS=L.radix_bits, **window,
-                                   num_warps=4)
+    cap, sample, thr = T._launch_params(L, k)
+    T._topk_threshold_kernel[(B,)](logits, logits.stride(0), N, lengths, plan.thresholds,
+                                   CAP=cap, SAMPLE=sample, RADIX_BITS=L.radix_bits, **thr,
+                                   num_warps=L.threshold_warps)
     if upto >= 2:
         T._topk_scan_kernel[(B, plan.max_chunks)](
             logits, logits.stride(0), N, lengths, plan.row_chunks, plan.thresholds,
-            plan.candidates, plan.counts, plan.chunk_size, plan.max_chunks, target,
+            plan.candidates, plan.counts, plan.chunk_size, plan.max_chunks,
             CAP=plan.cap, BLOCK=T._sample_scan_block(L, plan), FUSE_THRESHOLD=False,
-            SAMPLE=sample, RADIX_BITS=L.radix_bits, **window,
+            SAMPLE=sample, RADIX_BITS=L.radix_bits, **thr,
             num_warps=L.scan_warps, num_stages=L.scan_stages)
 
 
