@@ -79,10 +79,14 @@ def test_other_widths(device, kv_dtype, d_nope, d_rope, split_scores):
 
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_ds_mla"])
 @pytest.mark.parametrize("prefetch", ["none", "index", "rows"])
-def test_prefetch_modes(device, kv_dtype, prefetch):
+@pytest.mark.parametrize("split_scores", [False, True])
+def test_prefetch_modes(device, kv_dtype, prefetch, split_scores):
+    # (with fp8 rows and split_scores the rope part of K is gathered after the dequantization,
+    # except with prefetch "rows")
     q, cache, idx = _inputs(41, b=2, h=16, d_nope=256, d_rope=64, k=70, num_slots=200,
                             kv_dtype=kv_dtype, device=device)
-    _check(q, cache, idx, 256, kv_dtype, block_n=32, num_splits=2, prefetch=prefetch)
+    _check(q, cache, idx, 256, kv_dtype, block_n=32, num_splits=2, prefetch=prefetch,
+           split_scores=split_scores)
 
 
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_ds_mla"])
@@ -205,13 +209,21 @@ def test_with_info_reports_the_launch(device):
     # defaults resolved: block_h = 16 for H=16, bf16 -> 2 stages, splits from the heuristic
     assert (info.block_h, info.block_n, info.num_warps, info.num_stages, info.prefetch,
             info.split_scores) == (16, 32, 8, 2, "index", False)
-    # 64-head programs split the scores between their warpgroups; fp8 rows then take 2 stages
-    # (3 without the split), bf16 rows 2 either way
+    # 64-head programs split the scores between their warpgroups; fp8 rows take 3 stages either
+    # way, bf16 rows 2
     fq, fcache, fidx = _inputs(82, b=1, h=64, d_nope=256, d_rope=64, k=40, num_slots=100,
                                kv_dtype="fp8_ds_mla", device=device)
-    for kw, want in [({}, (64, True, 2)), ({"split_scores": False}, (64, False, 3))]:
+    for kw, want in [({}, (64, True, 3)), ({"split_scores": False}, (64, False, 3))]:
         _, _, finfo = sparse_mla_decode_with_info(fq, fcache, fidx, 0.1, 256, **kw)
         assert (finfo.block_h, finfo.split_scores, finfo.num_stages) == want
+    # fp8 rows of 16 to 63 heads take padded 64-head programs too (bf16 rows: the next power
+    # of two, above); fewer than 16 heads keep theirs
+    for h, want in [(16, 64), (32, 64), (8, 16)]:
+        hq, hcache, hidx = _inputs(83, b=1, h=h, d_nope=256, d_rope=64, k=40, num_slots=100,
+                                   kv_dtype="fp8_ds_mla", device=device)
+        _, _, hinfo = sparse_mla_decode_with_info(hq, hcache, hidx, 0.1, 256)
+        assert hinfo.block_h == want and hinfo.split_scores == (want == 64)
+        _check(hq, hcache, hidx, 256, "fp8_ds_mla")
     assert info.num_splits == choose_num_splits(2, 16, 100, block_h=16, block_n=32)
     # a split count past the 4 tiles is cut to one tile per split; 3 of 4 tiles -> 2 splits of 2
     assert sparse_mla_decode_with_info(q, cache, idx, 0.1, 256, block_n=32, num_splits=64)[2].num_splits == 4
@@ -310,30 +322,67 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_ds_mla"])
-def test_split_scores_compiles_each_tile_s_once_for_sm90(kv_dtype):
-    """Compiled for sm_90a by the installed Triton (no GPU needed; in a process of its own, as
-    this one interprets the kernels): with the default ``split_scores`` at 64 heads no MMA
-    layout puts all 8 warps along M (the chained-dot layout in which both warpgroups compute
-    the whole of S), and the PTX has no more wgmma instructions than the replicated layout's,
-    within the H200's 227 KB of shared memory. A refactor that chains the score dots into the
-    PV dot again fails here, where every numeric test would still pass."""
+#: dynamic shared memory a program of the main kernel may have on the H200, in bytes: 227 KB
+#: less the 1 KB of static shared memory ptxas gives the compiled kernel (``cuobjdump
+#: -res-usage``: SHARED:1024; the driver takes the two together up to 227 KB)
+_H200_SMEM = 227 * 1024 - 1024
+
+
+def _compile_report(script: str, *args: str) -> dict:
+    """Runs ``script`` (which prints a JSON object last) in a process of its own with
+    TRITON_INTERPRET unset (this one interprets the kernels) and returns what it printed."""
     import json
     import os
     import subprocess
     import sys
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE_REPORT, kv_dtype], capture_output=True,
+    r = subprocess.run([sys.executable, "-c", script, *args], capture_output=True,
                        text=True, timeout=600, env=env,
                        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert r.returncode == 0, r.stderr[-3000:]
-    rep = json.loads(r.stdout.strip().splitlines()[-1])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_ds_mla"])
+def test_split_scores_compiles_each_tile_s_once_for_sm90(kv_dtype):
+    """Compiled for sm_90a by the installed Triton (no GPU needed): with the default
+    ``split_scores`` at 64 heads no MMA layout puts all 8 warps along M (the chained-dot layout
+    in which both warpgroups compute the whole of S), and the PTX has no more wgmma instructions
+    than the replicated layout's, within the H200's shared memory (``_H200_SMEM``). A refactor
+    that chains the score dots into the PV dot again fails here, where every numeric test would
+    still pass."""
+    rep = _compile_report(_COMPILE_REPORT, kv_dtype)
     split, replicated = rep["split"], rep["replicated"]
     assert split["warps"] and "8, 1" not in split["warps"], split
     # (with Triton 3.6 and 3.9 the replicated layout has [8, 1] and 76 wgmma against 40; a
     # Triton that stops chaining the layouts would make the two equal, not fail this)
     assert 0 < split["wgmma"] <= replicated["wgmma"]
-    assert split["shared"] <= 227 * 1024
+    assert split["shared"] <= _H200_SMEM
+
+
+_FP8_STAGES_REPORT = r"""
+import json
+from backends.kernels.sparse_mla_decode import compile_for_arch
+out = {}
+for stages in (None, 2, 3):
+    k = compile_for_arch("fp8_ds_mla", num_stages=stages)
+    out[str(stages)] = {"wgmma": k.asm["ptx"].count("wgmma.mma_async"), "shared": k.metadata.shared,
+                        "stages": k.metadata.num_stages}
+print(json.dumps(out))
+"""
+
+
+def test_fp8_split_scores_fits_three_stages_for_sm90():
+    """fp8_ds_mla rows at 64 heads with ``split_scores``, compiled for sm_90a by the installed
+    Triton: 3 pipeline stages (the default) fit the H200's 227 KB of shared memory, with the
+    same MMAs as 2 stages. The rope part of K reaching its MMA through registers is what makes
+    them fit (231424 bytes, all there is; 239616 when the MMA reads the pipeline's copy, as
+    before): a change that loses it fails here, where every numeric test would still pass."""
+    rep = _compile_report(_FP8_STAGES_REPORT)
+    assert rep["None"]["stages"] == 3
+    assert rep["3"]["shared"] <= _H200_SMEM, rep
+    assert rep["2"]["shared"] < rep["3"]["shared"]
+    assert 0 < rep["3"]["wgmma"] == rep["2"]["wgmma"]
 
 
 def test_compile_for_arch_refuses_the_interpreter():

@@ -41,8 +41,12 @@ Design
   ``num_stages=2`` the gather of tile ``t + 1`` is issued after tile ``t``'s MMAs and waited
   for at the top of the next iteration (no overlap beyond the asynchronous PV MMA), from 3
   stages on one or more tiles stay in flight. A 64-token bf16 tile fits only 2 stages beside
-  the 72 KB of ``q`` (fp8_ds_mla rows 3, or 2 with ``split_scores``); 32- and 16-token tiles
-  fit 4 and 6.
+  the 72 KB of ``q``, fp8_ds_mla rows 3: with ``split_scores`` 231424 bytes (189440 at 2
+  stages), since the rope part of K goes through registers so that the copy its MMA reads
+  shares P's shared memory (the comment in the main loop; 239616 bytes without that). With the
+  1 KB of static shared memory in the compiled kernel (``cuobjdump -res-usage``) that is all
+  of the 227 KB a program may have: the driver takes the dynamic part up to 227 KB less the
+  static one. 32- and 16-token tiles fit 4 and 6.
   :func:`sparse_mla_decode_with_info` returns the resolved launch and the compiled kernel's
   registers, spills and shared memory (``harness/bench/attention.py --tune`` sweeps them).
 * MMA operands are bf16 on the GPU (as FlashMLA). The Triton interpreter cannot multiply
@@ -87,18 +91,12 @@ def _tile_rows(idx_row, t, lim, num_slots, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _gather_rows(valid, row,
-                 kv_ptr, stride_kv, scale_ptr, stride_scale, scale_off,
-                 rope_ptr, stride_rope, rope_off,
-                 D_V: tl.constexpr, D_V_PAD: tl.constexpr,
-                 D_ROPE: tl.constexpr, D_ROPE_PAD: tl.constexpr, G: tl.constexpr,
-                 IS_FP8: tl.constexpr, BLOCK_N: tl.constexpr, ROPE_VEC: tl.constexpr):
-    """Gathers the raw (not yet dequantized) KV rows of one tile.
-
-    Returns ``nope [BLOCK_N, D_V_PAD]`` (bf16 values, or the fp8 bytes as uint8),
-    ``scales [BLOCK_N, G]`` fp32 (fp8 only; zeros for bf16) and ``rope [BLOCK_N, D_ROPE_PAD]``
-    bf16; masked rows and padding columns are 0.
-    """
+def _gather_nope(valid, row, kv_ptr, stride_kv, scale_ptr, stride_scale, scale_off,
+                 D_V: tl.constexpr, D_V_PAD: tl.constexpr, G: tl.constexpr,
+                 IS_FP8: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Gathers the NoPE/V part of one tile's KV rows, not yet dequantized: ``nope [BLOCK_N,
+    D_V_PAD]`` (bf16 values, or the fp8 bytes as uint8) and ``scales [BLOCK_N, G]`` fp32 (fp8
+    only; zeros for bf16); masked rows and padding columns are 0."""
     offs_v = tl.arange(0, D_V_PAD)
     if D_V_PAD == D_V:
         nope_mask = valid[:, None]
@@ -111,6 +109,15 @@ def _gather_rows(valid, row,
                          mask=valid[:, None] & (offs_g[None, :] < D_V // 128), other=0.0)
     else:
         scales = tl.zeros([BLOCK_N, G], dtype=tl.float32)
+    return nope, scales
+
+
+@triton.jit
+def _gather_rope(valid, row, rope_ptr, stride_rope, rope_off,
+                 D_ROPE: tl.constexpr, D_ROPE_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+                 ROPE_VEC: tl.constexpr):
+    """Gathers the rope part of one tile's KV rows: ``rope [BLOCK_N, D_ROPE_PAD]`` bf16, masked
+    rows and padding columns 0."""
     offs_r = tl.arange(0, D_ROPE_PAD)
     if D_ROPE > 0:
         rope_base = tl.multiple_of(row * stride_rope + rope_off, ROPE_VEC)
@@ -118,6 +125,22 @@ def _gather_rows(valid, row,
                        mask=valid[:, None] & (offs_r[None, :] < D_ROPE), other=0.0)
     else:
         rope = tl.zeros([BLOCK_N, D_ROPE_PAD], dtype=tl.bfloat16)
+    return rope
+
+
+@triton.jit
+def _gather_rows(valid, row,
+                 kv_ptr, stride_kv, scale_ptr, stride_scale, scale_off,
+                 rope_ptr, stride_rope, rope_off,
+                 D_V: tl.constexpr, D_V_PAD: tl.constexpr,
+                 D_ROPE: tl.constexpr, D_ROPE_PAD: tl.constexpr, G: tl.constexpr,
+                 IS_FP8: tl.constexpr, BLOCK_N: tl.constexpr, ROPE_VEC: tl.constexpr):
+    """Gathers the raw (not yet dequantized) KV rows of one tile: ``nope`` and ``scales`` of
+    :func:`_gather_nope` and ``rope`` of :func:`_gather_rope`."""
+    nope, scales = _gather_nope(valid, row, kv_ptr, stride_kv, scale_ptr, stride_scale,
+                                scale_off, D_V, D_V_PAD, G, IS_FP8, BLOCK_N)
+    rope = _gather_rope(valid, row, rope_ptr, stride_rope, rope_off, D_ROPE, D_ROPE_PAD,
+                        BLOCK_N, ROPE_VEC)
     return nope, scales, rope
 
 
@@ -236,10 +259,11 @@ def _sparse_mla_decode_fwd(
                 rope_ptr, stride_rope, rope_off,
                 D_V, D_V_PAD, D_ROPE, D_ROPE_PAD, G, IS_FP8, BLOCK_N, ROPE_VEC)
         else:
-            nope, scales, rope = _gather_rows(
-                valid, row, kv_ptr, stride_kv, scale_ptr, stride_scale, scale_off,
-                rope_ptr, stride_rope, rope_off,
-                D_V, D_V_PAD, D_ROPE, D_ROPE_PAD, G, IS_FP8, BLOCK_N, ROPE_VEC)
+            nope, scales = _gather_nope(valid, row, kv_ptr, stride_kv, scale_ptr, stride_scale,
+                                        scale_off, D_V, D_V_PAD, G, IS_FP8, BLOCK_N)
+            if not (IS_FP8 and SPLIT_SCORES):
+                rope = _gather_rope(valid, row, rope_ptr, stride_rope, rope_off, D_ROPE,
+                                    D_ROPE_PAD, BLOCK_N, ROPE_VEC)
 
         # ---- the KV tile as MMA operand [BLOCK_N, D_V_PAD]: K-NoPE and V at once ----
         if IS_FP8:
@@ -248,6 +272,21 @@ def _sparse_mla_decode_fwd(
             kv = tl.reshape(vals, [BLOCK_N, D_V_PAD]).to(MMA_DTYPE)
         else:
             kv = nope.to(MMA_DTYPE)
+
+        # ---- fp8 rows with split_scores: the rope part of K through registers ----
+        if IS_FP8 and SPLIT_SCORES:
+            # The same bits, through registers (the bitcasts): a load that feeds an MMA
+            # directly gets one pipeline buffer more than a load read into registers (3 x 8 KB
+            # instead of 2 at 3 stages), and the copy the MMA then reads is a value of its own
+            # whose shared memory P's reuses (they are not alive at once): 3 stages of 64-token
+            # fp8 tiles fit the H200 (231424 bytes instead of 239616). Gathered after the
+            # dequantization since the pipeliner reads a load out of shared memory where the
+            # load stands (held across the dequantization, the rope tile spills 8 bytes at 3
+            # stages). Without the split nothing shares the copy's memory, and it spills.
+            if PREFETCH != 2:
+                rope = _gather_rope(valid, row, rope_ptr, stride_rope, rope_off, D_ROPE,
+                                    D_ROPE_PAD, BLOCK_N, ROPE_VEC)
+            rope = rope.to(tl.int16, bitcast=True).to(tl.bfloat16, bitcast=True)
 
         s = _scores(q_nope, q_rope, kv, rope, valid, qk_scale_log2, D_ROPE, MMA_DTYPE,
                     SPLIT_SCORES)
@@ -429,7 +468,8 @@ def _resolve_launch(kind: str, num_heads: int, block_h, block_n, num_warps, num_
     """``(block_h, num_stages, split_scores, prefetch)`` with the defaults of
     :func:`sparse_mla_decode_with_info` filled in; ValueError naming a bad option."""
     if block_h is None:
-        block_h = 64 if num_heads >= 64 else max(16, triton.next_power_of_2(num_heads))
+        padded = kind == "fp8_ds_mla" and num_heads >= 16
+        block_h = 64 if num_heads >= 64 or padded else max(16, triton.next_power_of_2(num_heads))
     if not _is_pow2(block_h) or block_h < 16:
         raise ValueError(f"block_h must be a power of two >= 16, got {block_h!r}")
     if not _is_pow2(block_n) or block_n < 16:
@@ -441,7 +481,7 @@ def _resolve_launch(kind: str, num_heads: int, block_h, block_n, num_warps, num_
     if not isinstance(split_scores, bool):
         raise ValueError(f"split_scores must be True, False or None, got {split_scores!r}")
     if num_stages is None:
-        num_stages = 3 if kind == "fp8_ds_mla" and not split_scores else 2
+        num_stages = 3 if kind == "fp8_ds_mla" else 2
     if not isinstance(num_stages, int) or isinstance(num_stages, bool) or num_stages < 1:
         raise ValueError(f"num_stages must be an int >= 1, got {num_stages!r}")
     if prefetch is None:
@@ -571,14 +611,19 @@ def sparse_mla_decode_with_info(
             appear. Unit last-dim stride.
         sm_scale: softmax scale (finite float > 0) applied to ``q . k``.
         d_v: V width; V = the first ``d_v`` dims of each KV row.
-        block_h: query heads per program (power of two >= 16); default 64, or the next power
-            of two >= H (at least 16) when H < 64.
+        block_h: query heads per program (power of two >= 16); default 64 (H >= 64, and
+            fp8_ds_mla rows with H >= 16: padded heads, as FlashMLA pads to 64 on Hopper; H200,
+            B128 H16 k2048: 150.6 us against 176.5 for 16-head programs, whose ``mma.sync``
+            tiles have no split scores and whose rows are dequantized by 16 heads' warps),
+            else the next power of two >= H (at least 16; bf16 rows at H16: 126.7 us against
+            138.5 padded).
         block_n: top-k tokens per KV tile (power of two >= 16).
         num_warps: warps per program of the main kernel (8: two warpgroups share the
             ``[64, 512]`` float32 accumulator).
-        num_stages: Triton software-pipelining depth of the main loop; default 2, and 3 for
-            fp8_ds_mla rows without ``split_scores`` (H200: 3 stages of 64-token tiles do not
-            fit shared memory for bf16 rows, nor for fp8_ds_mla rows with ``split_scores``).
+        num_stages: Triton software-pipelining depth of the main loop; default 3 for
+            fp8_ds_mla rows and 2 for bf16 rows (H200: 3 stages of 64-token bf16 tiles do not
+            fit shared memory; fp8_ds_mla rows with ``split_scores`` just fit, see the module
+            doc).
         num_splits: top-k splits (flash-decoding); default :func:`choose_num_splits`.
         prefetch: what of tile ``t + 1`` is fetched during tile ``t``, by hand, in
             registers: ``"none"``, ``"index"`` (its slot ids, so each tile's gather waits on one

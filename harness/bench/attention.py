@@ -52,7 +52,7 @@ from harness.reference import convert_req_index_to_global_index_ref, sparse_mla_
 
 #: launch variants: name -> keyword arguments of sparse_mla_decode
 VARIANTS: Dict[str, dict] = {
-    "default": {},                          # split_scores at 64 heads, 2 stages; prefetch "index"
+    "default": {},                          # split_scores at 64 heads, 2 stages (fp8 3), prefetch "index"
     "replicated": {"split_scores": False},  # every warpgroup computes all of S (fp8: 3 stages)
     "pf_none": {"prefetch": "none"},
     "pf_rows": {"prefetch": "rows"},        # spills registers at d_v=512 (slow): kept for the record
@@ -114,8 +114,13 @@ class TuneShape:
 
 # B=128, H=128: the gather of tile t+1 overlaps tile t's compute only with >= 3 pipeline stages
 # (at 2 it is issued after tile t's MMAs), and a 64-token bf16 tile leaves room for 2 beside the
-# 72 KB of q in shared memory; smaller tiles fit deeper pipelines.
+# 72 KB of q in shared memory (fp8_ds_mla rows 3, their default: `split_s3`; `split_s2` is the
+# same launch at 2 stages, the default until the rope part of K went through registers to fit 3);
+# smaller tiles fit deeper pipelines.
+_SPLIT_STAGES = (("split_s2", {"num_stages": 2}, FP8),
+                 ("split_s3", {"num_stages": 3}, FP8))
 _BIG = (("default", {}, ALL),
+        *_SPLIT_STAGES,
         ("replicated", {"split_scores": False}, ALL),   # every warpgroup computes all of S
         ("n32_s3", {"block_n": 32, "num_stages": 3}, ALL),
         ("n32_s4", {"block_n": 32, "num_stages": 4}, ALL),
@@ -140,6 +145,7 @@ def _small(batch: int, auto_splits: int) -> TuneShape:
               else {"num_splits": auto_splits * 2, "block_n": 32, "num_stages": 3})
     return TuneShape(f"B{batch}_H128_k2048", batch, 128, 2048, (
         ("default", {}, ALL),
+        *_SPLIT_STAGES,
         ("replicated", {"split_scores": False}, ALL),
         (f"split{auto_splits // 2}", {"num_splits": auto_splits // 2}, ALL),
         (f"split{auto_splits * 2}" + ("" if auto_splits * 2 <= 32 else "_n32_s3"), double, ALL),
