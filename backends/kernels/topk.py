@@ -122,9 +122,9 @@ class TopkLaunch:
     fuse_threshold ("sample" only): every scan program computes its row's sample threshold
     itself (the same value for all chunks of a row) instead of a separate threshold kernel.
     threshold_window ("sample" only; default on, measured fastest on the H200): the sample
-    search stops at the first probe with between ``window_lo`` and ``window_hi`` (3/4 and 3/2)
-    of the target rank of sample elements at or above it instead of resolving the exact sample
-    quantile bit by bit.
+    search stops at the first probe with between ``window_lo`` and ``window_hi`` (1 and 9/8;
+    past ``long_row``, ``long_window_lo`` and ``long_window_hi``: 3/4 and 3/2) of the target rank
+    of sample elements at or above it instead of resolving the exact sample quantile bit by bit.
     cap_factor (a power of two >= 2; default 4): the candidate capacity of one select program,
     ``CAP = candidate_capacity(k, cap_factor)`` = ``cap_factor * next_pow2(k)`` clamped to
     [64, 16384] (elements; 8192 for k = 2048, 4096 with 2). The select's block (``CAP``
@@ -162,8 +162,9 @@ class TopkLaunch:
     ``long_row`` long (``plan.max_len``; a call takes as long as its slowest row, and the long
     rows' wider target rarely fits the half block); pays off with a target well below
     ``CAP // 2`` (1.5 with a window of 1 .. 9/8: 3072 .. 3456 expected at k = 2048).
-    threshold_warps (1, 2, 4 or 8; default 4): the threshold kernel's warps (its sample search
-    is a chain of block-wide counts).
+    threshold_warps (1, 2, 4, 8 or 16; default 4): the threshold kernel's warps (its sample
+    search is a chain of block-wide counts; H200, B=64, k=2048: 1 and 2 warps 1-2 us slower,
+    8 the same, ``BENCHMARKS.md`` 6m).
     None of these changes the result.
     """
 
