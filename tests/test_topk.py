@@ -1,9 +1,13 @@
 """Per-row top-k kernel and its plan, judged against torch.topk on fresh random rows."""
+import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 
-from backends.kernels.topk import (METHOD_PAGED, RADIX_BINS, RADIX_LIST, TopkLaunch,
-                                   _launch_params, _sample_scan_block, _small_block,
+from backends.kernels.topk import (MAX_CHUNKS, METHOD_PAGED, RADIX_BINS, RADIX_LIST, TopkLaunch,
+                                   _launch_params, _order_key, _sample_scan_block,
+                                   _small_block, _threshold_value,
                                    candidate_capacity, launch_capacity, launch_topk,
                                    plan_build_count, plan_topk, sample_target, topk_per_row,
                                    validate_topk_inputs)
@@ -353,6 +357,14 @@ def test_launch_capacity_and_target_validation(device):
         TopkLaunch(long_row=-1)
     with pytest.raises(ValueError, match="TopkLaunch.threshold_warps must be one of"):
         TopkLaunch(threshold_warps=3)
+    with pytest.raises(ValueError, match="TopkLaunch.threshold_warps must be one of"):
+        TopkLaunch(threshold_warps=4.0)
+    with pytest.raises(ValueError, match="TopkLaunch.radix_bits must be 1, 2 or 4"):
+        TopkLaunch(radix_bits=True)
+    with pytest.raises(ValueError, match="TopkLaunch.scan_stages must be an int"):
+        TopkLaunch(scan_stages=True)
+    with pytest.raises(ValueError, match="TopkLaunch.long_row applies to algorithm='sample'"):
+        TopkLaunch(algorithm="radix", long_row=12345)
     with pytest.raises(ValueError, match=r"TopkLaunch.window_lo must be in \(0, 1\]"):
         TopkLaunch(window_lo=1.2)
     with pytest.raises(ValueError, match="TopkLaunch.sample_max must be a power of two >= 64"):
@@ -602,3 +614,149 @@ def test_radix_rows_shorter_than_planned(device):
     x = _rows(3, 1000, 61, device)
     pos = topk_per_row(x, lengths, k, plan=plan, launch=RADIX)
     assert torch.equal(pos.cpu(), topk_ref(x.cpu(), lengths.cpu(), k))
+
+
+@triton.jit
+def _threshold_probe(t_ptr, f_ptr, v_ptr, key_ptr, N: tl.constexpr, M: tl.constexpr):
+    """``_threshold_value`` of N uint32 keys and ``_order_key`` of M float32 values."""
+    i = tl.arange(0, N)
+    tl.store(f_ptr + i, _threshold_value(tl.load(t_ptr + i).to(tl.uint32, bitcast=True)))
+    j = tl.arange(0, M)
+    tl.store(key_ptr + j, _order_key(tl.load(v_ptr + j)).to(tl.int32, bitcast=True))
+
+
+def test_threshold_value_matches_order_key(device):
+    """``_threshold_value(t)``: ``v >= f`` exactly when ``_order_key(v) >= t`` for every
+    non-NaN float32 ``v`` (+-0, +-inf, denormals, +-FLT_MAX, random bit patterns) and
+    thresholds over the whole uint32 range: every value's key and its neighbours, the negative
+    NaN keys below -inf's (0 .. 0x007FFFFE), the key 0x7FFFFFFF no value has (-0.0 maps to
+    +0.0's 0x80000000), the positive NaN keys above +inf's, a 2^20 grid and random keys."""
+    rng = np.random.default_rng(7)
+    fi = np.finfo(np.float32)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, fi.max, -fi.max, fi.tiny, -fi.tiny, 1e-45,
+                        -1e-45, 3e-39, -3e-39, 1.0, -1.0], dtype=np.float32)
+    bits = rng.integers(0, 2 ** 32, 3000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    vals = np.concatenate([special, bits[~np.isnan(bits)],
+                           rng.standard_normal(500).astype(np.float32)])
+    vals = np.concatenate([vals, np.zeros(4096 - len(vals), np.float32)])
+    # the key, independently: -0.0 -> +0.0, negative: all bits flipped, else the sign bit
+    b = vals.view(np.uint32).astype(np.int64)
+    b = np.where(b == 0x80000000, 0, b)
+    keys = np.where(b >= 0x80000000, 0xFFFFFFFF - b, b + 0x80000000)
+    ts = {int(k + d) % 2 ** 32 for k in keys for d in (-1, 0, 1)}
+    ts |= {0, 1, 0x003FFFFF, 0x007FFFFE, 0x007FFFFF, 0x00800000, 0x7FFFFFFE, 0x7FFFFFFF,
+           0x80000000, 0x80000001, 0xFF7FFFFF, 0xFF800000, 0xFF800001, 0xFFC00000, 0xFFFFFFFF}
+    ts |= set(range(0, 2 ** 32, 2 ** 20))
+    ts |= set(rng.integers(0, 2 ** 32, 2000, dtype=np.uint64).tolist())
+    ts = np.array(sorted(ts), dtype=np.int64)
+    ts = np.concatenate([ts, np.zeros((1 << (len(ts) - 1).bit_length()) - len(ts), np.int64)])
+    t_dev = torch.from_numpy(ts.astype(np.uint32).view(np.int32).copy()).to(device)
+    f = torch.empty(len(ts), dtype=torch.float32, device=device)
+    key = torch.empty(len(vals), dtype=torch.int32, device=device)
+    _threshold_probe[(1,)](t_dev, f, torch.from_numpy(vals).to(device), key, N=len(ts), M=len(vals))
+    assert (key.cpu().numpy().view(np.uint32).astype(np.int64) == keys).all()
+    f = f.cpu().numpy()
+    for s in range(0, len(ts), 1024):
+        got = vals[None, :] >= f[s:s + 1024, None]
+        want = keys[None, :] >= ts[s:s + 1024, None]
+        bad = np.argwhere(got != want)
+        assert not len(bad), (f"t={int(ts[s + bad[0][0]]):#010x} f={f[s + bad[0][0]]!r} "
+                              f"v={vals[bad[0][1]]!r}")
+
+
+def _fake_scan(monkeypatch, target_rank):
+    """Replace the threshold and scan kernels by a torch scan (the select kernel stays real):
+    per chunk, the positions of the values >= the row's ``target_rank``-th largest, in order
+    (the interpreter would run tens of thousands of scan programs for minutes)."""
+    import backends.kernels.topk as topk_mod
+
+    class _Threshold:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: None
+
+    class _Scan:
+        def __getitem__(self, grid):
+            def run(logits, stride_l, n_cols, lengths, row_chunks, thr, cand, counts, chunk_size,
+                    max_chunks, **kwargs):
+                for b in range(logits.shape[0]):
+                    n, nc = int(lengths[b]), int(row_chunks[b])
+                    if nc == 0:
+                        continue
+                    row = logits[b, :n]
+                    tf = row.sort(descending=True).values[target_rank - 1]
+                    p = (row >= tf).nonzero().flatten()
+                    c = p // chunk_size
+                    counts[b, :nc] = torch.bincount(c, minlength=nc)[:nc].to(counts.dtype)
+                    first = torch.searchsorted(c, c)   # c is sorted: its chunk's first entry
+                    cand[b, c, torch.arange(p.numel()) - first] = p.to(cand.dtype)
+            return run
+
+    monkeypatch.setattr(topk_mod, "_topk_threshold_kernel", _Threshold())
+    monkeypatch.setattr(topk_mod, "_topk_scan_kernel", _Scan())
+
+
+@pytest.mark.parametrize("n_chunks", [MAX_CHUNKS, 40000])
+def test_select_chunk_search_many_chunks(n_chunks, monkeypatch):
+    """The select's binary search over the chunk ends at the most chunks a plan allows
+    (``MAX_CHUNKS`` = 65535: CHUNKS = 2^16, all 16 halvings) and at 40000: 24 candidates
+    scattered over a row of 16-element chunks (the scan is a torch stand-in; the select kernel
+    is the real one); the stable-sort reference's result. One chunk more is refused."""
+    if torch.cuda.is_available():
+        pytest.skip("a 2^17-element chunk vector in one program: interpreter only")
+    _fake_scan(monkeypatch, target_rank=24)
+    k, cs = 16, 16
+    L = n_chunks * cs
+    x = torch.randn(1, L, generator=torch.Generator().manual_seed(5))
+    lengths = torch.tensor([L], dtype=torch.int32)
+    plan = plan_topk(lengths, k, chunk_size=cs)
+    assert plan.max_chunks == n_chunks and int(plan.counts.sum()) == 0
+    pos = topk_per_row(x, lengths, k, plan=plan,
+                       launch=TopkLaunch(scan_block_max=16, scan_stages=1))
+    assert int(plan.counts.sum()) == 24 and int((plan.counts > 0).sum()) > 16
+    assert torch.equal(pos, topk_ref(x, lengths, k))
+    with pytest.raises(ValueError, match=r"chunk_size=16 splits a row of \d+ elements into "
+                                         r"\d+ chunks, more than the scan's grid takes \(65535\)"
+                                         r": use chunk_size >= 32"):
+        plan_topk(torch.tensor([MAX_CHUNKS * cs + 1], dtype=torch.int32), k, chunk_size=cs)
+
+
+@pytest.mark.parametrize("radix_bits", [1, 2, 4])
+def test_select_fast_path_and_chunk_search_edges(radix_bits, monkeypatch):
+    """The select on candidate lists that hold exactly the values >= each row's 16th largest
+    (a torch stand-in scan, so the counts are known; the select kernel is the real one), k = 16,
+    16-element chunks: ``count(key >= T) == k`` with distinct keys (bisection updates), with
+    all-equal candidates (``T`` never leaves the common prefix: n_ge = -1, total == k), with
+    the k-th key equal to that prefix (2.0 under 2.x values: no probe succeeds), ties at ``T``
+    beyond k (20 equal candidates; 10 above and 12 at ``T`` across chunks), candidates only in
+    the first / last chunks (empty chunks at either end), a row of 7 chunks among 13 (CHUNKS 16),
+    and a direct all-equal row of 40 (n_ge = -1, total > k: the tie path)."""
+    if torch.cuda.is_available():
+        pytest.skip("the stand-in scan is for the interpreter")
+    _fake_scan(monkeypatch, target_rank=16)
+    k, N = 16, 200
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(9, N, generator=g) - 10.0
+    perm = lambda n: torch.randperm(N, generator=g)[:n]
+    x[0] = torch.randn(N, generator=g)
+    x[1, perm(16)] = 5.0
+    x[2, perm(20)] = 5.0
+    p = perm(16)
+    x[3, p] = 2.0 + torch.rand(16, generator=g) * 0.9 + 0.05
+    x[3, p[7]] = 2.0
+    x[4] = torch.arange(N).float()
+    x[5] = -torch.arange(N).float()
+    p = perm(22)
+    x[7, p[:10]] = 9.0
+    x[7, p[10:]] = 4.0
+    x[8] = 1.25
+    lengths = torch.tensor([N, N, N, N, N, N, 100, N, 40], dtype=torch.int32)
+    plan = plan_topk(lengths, k, chunk_size=16)
+    assert plan.max_chunks == 13 and int(plan.row_chunks[6]) == 7 and int(plan.row_chunks[8]) == 0
+    launch = TopkLaunch(scan_block_max=16, scan_stages=1, radix_bits=radix_bits)
+    buf = torch.full((x.shape[0] + 4, k), -7, dtype=torch.int32)  # rows past the output: untouched
+    pos = topk_per_row(x, lengths, k, plan=plan, launch=launch, out=buf[:x.shape[0]])
+    assert bool((buf[x.shape[0]:] == -7).all())  # nothing written past a row's k slots
+    total = plan.counts.sum(1)
+    assert total[:6].tolist() == [16, 16, 20, 16, 16, 16] and int(total[7]) == 22
+    assert int(plan.counts[4, :11].sum()) == 0 and int(plan.counts[5, 1:].sum()) == 0
+    assert torch.equal(pos, topk_ref(x, lengths, k))

@@ -35,9 +35,10 @@ sample threshold inside every scan program of the row (no threshold kernel). A s
 ``cap_factor`` shrinks the select program (its time scales with ``CAP``, not with the
 candidates) and needs a smaller ``target_factor`` and window so that the expected candidate
 count stays within ``[k, CAP]``, e.g. ``cap_factor=2, target_factor=1.5, window 7/8 .. 9/8``:
-2688 .. 3456 expected at k = 2048. Rows whose count still leaves ``[k, CAP]`` (more often with a
-narrower margin, and at long rows: the sample's rank noise grows with ``L / SAMPLE``) take the
-exact whole-row fallback.
+2688 .. 3456 expected at k = 2048 (with ``long_row=None``, or long rows' settings that fit too:
+the default long rows' 2k does not fit a CAP of 2 next_pow2(k)). Rows whose count still leaves
+``[k, CAP]`` (more often with a narrower margin, and at long rows: the sample's rank noise grows
+with ``L / SAMPLE``) take the exact whole-row fallback.
 
 ``TopkLaunch(algorithm="radix")``: the rows longer than ``CAP`` go through four kernels with
 fixed grids and no host sync, every chunk of a row in its own program (issue #13):
@@ -91,6 +92,9 @@ RATIO_DENOMINATOR = 64
 with a denominator <= this (exact integer arithmetic in the kernels: 1.5 -> 3/2, 4/3 -> 4/3)."""
 MIN_CHUNK = 4096
 """Smallest chunk a long row is split into (per scan program)."""
+MAX_CHUNKS = 65535
+"""Most chunks a row may be planned in: the scan grid's second extent (CUDA's limit for a
+grid's y dimension); the select's chunk search covers up to 2^16."""
 
 ALGORITHMS = ("sample", "radix")
 """``TopkLaunch.algorithm`` values."""
@@ -132,7 +136,9 @@ class TopkLaunch:
     rows are direct (``L <= plan.cap``) and sizes the candidate lists, and must have been built
     with a ``cap_factor`` at least this one (``launch_topk`` raises otherwise). With a smaller
     one than the plan's, rows of ``CAP < L <= plan.cap`` take the exact whole-row fallback
-    (correct, slow: build the plan with the launch's cap_factor).
+    (correct, slow: build the plan with the launch's cap_factor). With 2 the long rows'
+    default target (2k) does not fit: give ``long_row=None`` or a ``long_target_factor`` of
+    at most 1.5 (``ValueError`` names it otherwise).
     target_factor ("sample" only; default 1.5): the threshold aims at
     ``target = min(ceil(target_factor * k), (k + CAP) // 2)`` elements ``>= t`` in rows of at
     most ``long_row`` elements; must lie in ``(1, (1 + cap_factor) / 2]`` (then the clamp never
@@ -196,18 +202,18 @@ class TopkLaunch:
         if self.algorithm == "radix" and self.fuse_threshold:
             raise ValueError("TopkLaunch.fuse_threshold must be False with algorithm='radix' "
                              "(it has no sample threshold to fuse)")
-        if self.radix_bits not in (1, 2, 4):
+        if not _is_int(self.radix_bits) or self.radix_bits not in (1, 2, 4):
             raise ValueError(f"TopkLaunch.radix_bits must be 1, 2 or 4, got {self.radix_bits!r}")
         v = self.scan_block_max
-        if not isinstance(v, int) or v < 16 or v & (v - 1):
+        if not _is_int(v) or v < 16 or v & (v - 1):
             raise ValueError(f"TopkLaunch.scan_block_max must be a power of two >= 16, got {v!r}")
         for name in ("select_warps", "scan_warps", "threshold_warps"):
-            if getattr(self, name) not in (1, 2, 4, 8, 16):
+            if not _is_int(getattr(self, name)) or getattr(self, name) not in (1, 2, 4, 8, 16):
                 raise ValueError(f"TopkLaunch.{name} must be one of 1, 2, 4, 8, 16, "
                                  f"got {getattr(self, name)!r}")
         for name in ("select_stages", "scan_stages"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
+            if not _is_int(v) or v < 1:
                 raise ValueError(f"TopkLaunch.{name} must be an int >= 1, got {v!r}")
         _check_cap_factor("TopkLaunch.cap_factor", self.cap_factor)
         if not isinstance(self.small_select, bool):
@@ -224,7 +230,7 @@ class TopkLaunch:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise ValueError(f"TopkLaunch.{name} must be a finite number, got {v!r}")
         if self.algorithm == "radix":
-            changed = [n for n in _RATIOS + _LONG_RATIOS
+            changed = [n for n in _RATIOS + _LONG_RATIOS + ("long_row",)
                        if getattr(self, n) != _SAMPLE_ONLY_DEFAULTS[n]]
             if changed:
                 raise ValueError(f"TopkLaunch.{changed[0]} applies to algorithm='sample' only "
@@ -261,7 +267,7 @@ class TopkLaunch:
 _RATIOS = ("target_factor", "window_lo", "window_hi")
 _LONG_RATIOS = ("long_target_factor", "long_window_lo", "long_window_hi")
 _SAMPLE_ONLY_DEFAULTS = {n: TopkLaunch.__dataclass_fields__[n].default
-                         for n in _RATIOS + _LONG_RATIOS}
+                         for n in _RATIOS + _LONG_RATIOS + ("long_row",)}
 
 
 def _is_int(v) -> bool:
@@ -348,7 +354,8 @@ def _common_prefix(key):
 def _kth_largest_key(key, k, BITS: tl.constexpr):
     """``(T, n_ge)``: the largest uint32 ``T`` with ``count(key >= T) >= k`` (= the k-th largest
     key) and ``n_ge = count(key >= T)`` (int32), or -1 when that is every counted key (``T``
-    stayed at the keys' common prefix: the caller knows how many it counted).
+    stayed at the keys' common prefix, ``BITS`` 1 only: then every counted key is ``>= T``, and
+    the caller knows how many it counted; ``BITS`` 2 and 4 always count).
 
     Entries to ignore must carry key 0: every probe is >= 1, so they are never counted (no real
     float maps to 0; only the negative NaN ``0xFFFFFFFF`` would). Only the bits below the common
@@ -665,13 +672,13 @@ def _select_candidates(row, base, n_chunks, total, counts, cand_ptr, max_chunks,
         # the chunk of entry i: the number of chunks ending at or before it, by a binary search
         # over the non-decreasing ends (an empty chunk ends where it starts: passed over)
         chunk = tl.zeros([NB], dtype=tl.int32)
-        for j in tl.static_range(1, 17):       # halves CHUNKS / 2, CHUNKS / 4, ..., 1
+        for j in tl.static_range(1, 17):  # CHUNKS / 2, ..., 1 (CHUNKS <= 2^16: MAX_CHUNKS)
             if (CHUNKS >> j) > 0:
                 chunk += tl.where(tl.gather(ends, chunk + ((CHUNKS >> j) - 1), axis=0) <= idx,
                                   CHUNKS >> j, 0)
         start = tl.gather(ends - counts, tl.minimum(chunk, CHUNKS - 1), axis=0)
-        src = (row * max_chunks + chunk) * STRIDE + idx - start
-        pos = tl.load(cand_ptr + src.to(tl.int64), mask=valid, other=0)
+        src = (row.to(tl.int64) * max_chunks + chunk) * STRIDE + idx - start
+        pos = tl.load(cand_ptr + src, mask=valid, other=0)
     else:
         pos = idx
     key = tl.where(valid, _order_key(tl.load(base + pos, mask=valid, other=0.0)), 0)
@@ -1011,8 +1018,9 @@ def plan_topk(seq_lens: torch.Tensor, top_k: int, *, max_len: Optional[int] = No
         max_len: ``max(seq_lens)`` if the caller knows it (avoids a device->host sync; the
             caller then vouches for ``seq_lens >= 0`` on the GPU). Rows longer than ``max_len``
             stay correct (they take the exact fallback) but slow.
-        chunk_size: elements per scan program (power of two >= 16); default: chosen so the
-            long rows give about 4 programs per SM, at least ``MIN_CHUNK``.
+        chunk_size: elements per scan program (power of two >= 16, and large enough that the
+            longest row takes at most ``MAX_CHUNKS``); default: chosen so the long rows give
+            about 4 programs per SM, at least ``MIN_CHUNK``.
         num_sms: SM count (default: the device's; 132 on the CPU).
         cap_factor: the candidate capacity ``cap = candidate_capacity(top_k, cap_factor)``
             (a power of two >= 2; default 4): rows longer than it are scanned in chunks, and it
@@ -1046,6 +1054,10 @@ def plan_topk(seq_lens: torch.Tensor, top_k: int, *, max_len: Optional[int] = No
         raise ValueError(f"chunk_size must be a power of two >= 16, got {chunk_size}")
     long_rows = max_len > cap
     max_chunks = triton.cdiv(max_len, chunk_size) if long_rows else 0
+    if max_chunks > MAX_CHUNKS:
+        raise ValueError(f"chunk_size={chunk_size} splits a row of {max_len} elements into "
+                         f"{max_chunks} chunks, more than the scan's grid takes ({MAX_CHUNKS}): "
+                         f"use chunk_size >= {_next_pow2(triton.cdiv(max_len, MAX_CHUNKS))}")
     lens = seq_lens.clamp_min(0)
     row_chunks = torch.where(lens > cap, (lens + chunk_size - 1) // chunk_size,
                              torch.zeros_like(lens)).clamp_max(max_chunks).to(torch.int32)
