@@ -2,10 +2,11 @@
 a step from three probes counted in one 2-D reduction (`bisect2`), compiled for sm_90a by
 Triton 3.6 (no GPU): instructions, barriers and shuffles of one step. Run as compile_scan.py.
 """
-import re, triton, triton.language as tl
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+import triton
+import triton.language as tl
+
 from backends.kernels.topk import _common_prefix
+from sm90 import compile_sm90, loop_body
 
 @triton.jit
 def bisect1(key_ptr, out_ptr, k, NB: tl.constexpr):
@@ -35,19 +36,7 @@ def bisect2(key_ptr, out_ptr, k, NB: tl.constexpr):
         sh = sh - 2
     tl.store(out_ptr, T.to(tl.int32, bitcast=True))
 
-def comp(fn, nb, w):
-    names = list(fn.arg_names)
-    sig = {"key_ptr": "*i32", "out_ptr": "*i32", "k": "i32", "NB": "constexpr"}
-    src = ASTSource(fn=fn, signature=sig, attrs={(0,): [["tt.divisibility", 16]]}, constexprs={(names.index("NB"),): nb})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=w))
-
-def body(ptx):
-    lines = ptx.splitlines()
-    start = next(i for i, l in enumerate(lines) if "Loop Header" in l)
-    end = next(i for i in range(start + 1, len(lines)) if re.search(r"bra(\.uni)?\s+\$L__BB0_\d+;", lines[i]))
-    ins = [l for l in lines[start:end] if l.strip() and not l.strip().startswith(("$", "//", "{", "}", "."))]
-    return len(ins), sum("bar.sync" in l for l in ins), sum("shfl" in l for l in ins)
 for nb, w in [(8192, 8), (4096, 8)]:
     for fn in (bisect1, bisect2):
-        k = comp(fn, nb, w)
-        print(fn.__name__, nb, w, "loop insts/bar/shfl", body(k.asm["ptx"]), "smem", k.metadata.shared)
+        k = compile_sm90(fn, {"key_ptr": "*i32", "out_ptr": "*i32"}, dict(NB=nb), w)
+        print(fn.__name__, nb, w, "loop insts/bar/shfl", loop_body(k.asm["ptx"]), "smem", k.metadata.shared)

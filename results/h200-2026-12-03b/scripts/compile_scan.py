@@ -6,32 +6,19 @@ memory and counts of asynchronous copies, global loads, barriers and shuffles in
 
 (/tmp/t36: `python3 -m venv /tmp/t36 && /tmp/t36/bin/pip install triton==3.6.0 numpy torch==2.13.0`.)
 """
-import sys, re
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from backends.kernels import topk as T
+import re
+import sys
 
-def comp(fn, sig_types, const, warps, stages):
-    names = list(fn.arg_names)
-    signature, attrs = {}, {}
-    for i, n in enumerate(names):
-        if n in const:
-            signature[n] = "constexpr"
-        else:
-            signature[n] = sig_types.get(n, "i32")
-            if signature[n].startswith("*") or n in ("stride_l", "chunk_size", "n_cols", "max_chunks"):
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    src = ASTSource(fn=fn, signature=signature, attrs=attrs,
-                    constexprs={(names.index(n),): v for n, v in const.items()})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+from backends.kernels import topk as T
+from sm90 import compile_sm90
 
 block = int(sys.argv[1]) if len(sys.argv) > 1 else 2048
 warps = int(sys.argv[2]) if len(sys.argv) > 2 else 4
 stages = int(sys.argv[3]) if len(sys.argv) > 3 else 4
 sig = dict(logits_ptr="*fp32", len_ptr="*i32", chunks_ptr="*i32", thr_ptr="*i32", cand_ptr="*i32", cnt_ptr="*i32")
 const = dict(LLO_N=3, LLO_D=4, LHI_N=3, LHI_D=2, CAP=8192, BLOCK=block, FUSE_THRESHOLD=False, SAMPLE=2048, RADIX_BITS=1, WINDOW=True, WLO_N=1, WLO_D=1, WHI_N=9, WHI_D=8)
-k = comp(T._topk_scan_kernel, sig, const, warps, stages)
+k = compile_sm90(T._topk_scan_kernel, sig, const, warps, stages,
+                 div=("stride_l", "chunk_size", "n_cols", "max_chunks"))
 ttgir = k.asm["ttgir"]
 open(f"/tmp/scan_{block}_{warps}_{stages}.ttgir", "w").write(ttgir)
 open(f"/tmp/scan_{block}_{warps}_{stages}.ptx", "w").write(k.asm["ptx"])

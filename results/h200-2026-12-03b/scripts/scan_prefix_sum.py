@@ -2,10 +2,13 @@
 the 1-D block-wide prefix sum (`scan1d`), the per-thread-row one (`scan2d`, rows of C values)
 and the same comparing float values (`scan2df`). Run as compile_scan.py, no arguments.
 """
-import sys, re
-import triton, triton.language as tl
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+import triton
+import triton.language as tl
+
+from sm90 import compile_sm90, loop_body
+
+KEY_TYPES = {"x_ptr": "*fp32", "out_ptr": "*i32", "cnt_ptr": "*i32", "t": "u32"}
+FLOAT_TYPES = {"x_ptr": "*fp32", "out_ptr": "*i32", "cnt_ptr": "*i32", "tf": "fp32"}
 
 @triton.jit
 def _key(v):
@@ -42,31 +45,12 @@ def scan2d(x_ptr, out_ptr, cnt_ptr, n, t, BLOCK: tl.constexpr, C: tl.constexpr):
         cnt += tl.sum(rows, axis=0)
     tl.store(cnt_ptr, cnt)
 
-def comp(fn, const, warps):
-    names = list(fn.arg_names)
-    sig = {}; attrs = {}
-    for i, nm in enumerate(names):
-        if nm in const: sig[nm] = "constexpr"
-        elif nm.endswith("ptr"): sig[nm] = "*fp32" if nm == "x_ptr" else "*i32"; attrs[(i,)] = [["tt.divisibility", 16]]
-        elif nm == "t": sig[nm] = "u32"
-        else: sig[nm] = "i32"; attrs[(i,)] = [["tt.divisibility", 16]]
-    src = ASTSource(fn=fn, signature=sig, attrs=attrs, constexprs={(names.index(k),): v for k, v in const.items()})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=1))
-
-def body(ptx):
-    # instructions in the innermost loop (between the loop header label and its back-branch)
-    lines = ptx.splitlines()
-    start = next(i for i, l in enumerate(lines) if "Loop Header" in l)
-    end = next(i for i in range(start, len(lines)) if re.search(r"bra(\.uni)?\s+\$L__BB0_\d+;", lines[i]) and i > start)
-    ins = [l for l in lines[start:end] if l.strip() and not l.strip().startswith(("$", "//", "{", "}", "."))]
-    return len(ins), sum("bar.sync" in l for l in ins), sum("shfl" in l for l in ins)
-
 for blk, w in [(2048, 4), (1024, 4), (4096, 8)]:
-    k = comp(scan1d, dict(BLOCK=blk), w)
-    print("1d", blk, w, "insts/bar/shfl", body(k.asm["ptx"]), "per elem/thread", round(body(k.asm["ptx"])[0] / (blk / (32 * w)), 1))
+    b = loop_body(compile_sm90(scan1d, KEY_TYPES, dict(BLOCK=blk), w).asm["ptx"])
+    print("1d", blk, w, "insts/bar/shfl", b, "per elem/thread", round(b[0] / (blk / (32 * w)), 1))
     for C in (4, 8, 16):
-        k = comp(scan2d, dict(BLOCK=blk, C=C), w)
-        print("2d", blk, w, C, "insts/bar/shfl", body(k.asm["ptx"]), "per elem/thread", round(body(k.asm["ptx"])[0] / (blk / (32 * w)), 1))
+        b = loop_body(compile_sm90(scan2d, KEY_TYPES, dict(BLOCK=blk, C=C), w).asm["ptx"])
+        print("2d", blk, w, C, "insts/bar/shfl", b, "per elem/thread", round(b[0] / (blk / (32 * w)), 1))
 
 @triton.jit
 def scan2df(x_ptr, out_ptr, cnt_ptr, n, tf, BLOCK: tl.constexpr, C: tl.constexpr):
@@ -84,19 +68,9 @@ def scan2df(x_ptr, out_ptr, cnt_ptr, n, tf, BLOCK: tl.constexpr, C: tl.constexpr
         cnt += tl.sum(rows, axis=0)
     tl.store(cnt_ptr, cnt)
 
-def comp2(fn, const, warps):
-    names = list(fn.arg_names)
-    sig = {}; attrs = {}
-    for i, nm in enumerate(names):
-        if nm in const: sig[nm] = "constexpr"
-        elif nm.endswith("ptr"): sig[nm] = "*fp32" if nm == "x_ptr" else "*i32"; attrs[(i,)] = [["tt.divisibility", 16]]
-        elif nm == "tf": sig[nm] = "fp32"
-        else: sig[nm] = "i32"; attrs[(i,)] = [["tt.divisibility", 16]]
-    src = ASTSource(fn=fn, signature=sig, attrs=attrs, constexprs={(names.index(k),): v for k, v in const.items()})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=1))
 for blk, w in [(2048, 4), (1024, 4), (4096, 8)]:
     for C in (4,):
-        k = comp2(scan2df, dict(BLOCK=blk, C=C), w)
-        b = body(k.asm["ptx"])
+        k = compile_sm90(scan2df, FLOAT_TYPES, dict(BLOCK=blk, C=C), w)
+        b = loop_body(k.asm["ptx"])
         print("2df", blk, w, C, "insts/bar/shfl", b, "per elem/thread", round(b[0] / (blk / (32 * w)), 1))
         if blk == 2048: open("/tmp/scan2df.ptx", "w").write(k.asm["ptx"]); open("/tmp/scan2df.ttgir", "w").write(k.asm["ttgir"])
