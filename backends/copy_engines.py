@@ -42,6 +42,17 @@ def word_view(rows: torch.Tensor) -> torch.Tensor:
     return rows
 
 
+def row_tile(words: torch.Tensor) -> dict:
+    """The row-copy kernels' tile constants (``copy_row_tile``) for rows viewed as ``words``
+    ``[n, WORDS]`` (``word_view``): ``WORDS``, ``VEC`` (words per 16-byte group where the row
+    allows) and ``GROUP_BLOCK`` (groups a row, rounded up to a power of two)."""
+    n_words = words.shape[1]
+    vec = max(1, 16 // words.element_size())
+    while n_words % vec:
+        vec //= 2
+    return {"WORDS": n_words, "VEC": vec, "GROUP_BLOCK": next_pow2(n_words // vec)}
+
+
 def _check_pools(host_layer: torch.Tensor, device_layer: torch.Tensor) -> None:
     for name, t in (("host_layer", host_layer), ("device_layer", device_layer)):
         if t.dtype != torch.uint8 or t.dim() != 2 or not t.is_contiguous():
@@ -148,13 +159,8 @@ class UvaKernelEngine(CopyEngine):
             return
         src = word_view(host_layer)
         dst = word_view(device_layer)
-        words = src.shape[1]
-        vec = max(1, 16 // src.element_size())      # 16-byte groups where the row allows
-        while words % vec:
-            vec //= 2
         max_misses = (plan.shape[1] - 1) // 2
-        tile = dict(UNIT_ROWS=unit_rows, WORDS=words, VEC=vec,
-                    GROUP_BLOCK=next_pow2(words // vec), ROWS=self.rows_per_program,
+        tile = dict(UNIT_ROWS=unit_rows, **row_tile(src), ROWS=self.rows_per_program,
                     LOAD_CACHE=self.load_cache, STORE_CACHE=self.store_cache,
                     num_warps=self.num_warps)
         if self.programs:

@@ -39,12 +39,12 @@ from backends.attention import resolve_attention
 from backends.base import Backend, BackendInvalid, ConfigError, KVLayout
 from backends.connector_residency import (ConnectorLayout, connector_layout, k_pad,
                                          max_resident_pages, pages_of)
-from backends.copy_engines import word_view
-from backends.host_memory import HOST_ALLOCS, HostRows
+from backends.copy_engines import row_tile, word_view
+from backends.host_memory import HOST_ALLOCS, HostRows, copy_pool_rows
 from backends.hisparse_coordinator import checked_selections
 from backends.kernels.connector_resolve import (CONNECTOR_COUNT_FIELDS, NUM_CONNECTOR_COUNTS,
                                                 connector_resolve_kernel)
-from backends.kernels.swap_in import MAX_TOP_K, ResolveLaunch, next_pow2, resolve_scratch_width
+from backends.kernels.swap_in import MAX_TOP_K, ResolveLaunch, resolve_scratch_width
 
 #: rows each resolver program copies per iteration (GPU; the interpreter pays per operation)
 COPY_ROWS_GPU, COPY_ROWS_INTERPRETER = 32, 256
@@ -255,7 +255,7 @@ class HiSparseConnectorBackend(Backend):
                 if on_dev.size:
                     self.device_kv[layer].index_copy_(0, to(d[on_dev]), rows[to(on_dev)])
                 if on_host.size:
-                    self.host_kv[layer].index_copy_(0, torch.from_numpy(h[on_host]), rows[to(on_host)].cpu())
+                    copy_pool_rows(self.host_kv[layer], h[on_host], rows, on_host)
 
     def _load_rows(self, b: int, positions: np.ndarray, dst_rows: np.ndarray) -> None:
         """Every layer: device pool rows ``dst_rows`` <- the KV of request ``b``'s positions, read
@@ -268,8 +268,7 @@ class HiSparseConnectorBackend(Backend):
             if on_dev.any():
                 pool[to(dst_rows[on_dev])] = pool[to(d[on_dev])]
             if on_host.any():
-                pool[to(dst_rows[on_host])] = self.host_kv[layer][torch.from_numpy(h[on_host])].to(
-                    self.wl.device)
+                copy_pool_rows(pool, dst_rows[on_host], self.host_kv[layer], h[on_host])
 
     def _hot_base(self, b: int) -> int:
         return self.lay.hot_base + int(self.hot_np[b]) * self.lay.hot_stride
@@ -330,10 +329,6 @@ class HiSparseConnectorBackend(Backend):
         self._layer_batch[layer] = B
         dev_pool = word_view(self.device_kv[layer])
         host_pool = word_view(self.host_kv[layer]) if self.lay.host_rows else dev_pool
-        words = dev_pool.shape[1]
-        vec = max(1, 16 // dev_pool.element_size())   # 16-byte groups where the row allows
-        while words % vec:
-            vec //= 2
         cuda = self.wl.device.type == "cuda"
         connector_resolve_kernel[(B,)](
             seq_lens, positions, positions.stride(0),
@@ -344,7 +339,7 @@ class HiSparseConnectorBackend(Backend):
             self.scratch, self.scratch.stride(0),
             self.K, self.D, self.lay.hot_base, self.lay.hot_stride, self.wl.row_bytes,
             self.max_positions, PAGE=self.P, K_PAD=self.kpad, BLOCK_C=self.block_c,
-            WORDS=words, VEC=vec, GROUP_BLOCK=next_pow2(words // vec),
+            **row_tile(dev_pool),
             COPY_ROWS=COPY_ROWS_GPU if cuda else COPY_ROWS_INTERPRETER,
             num_warps=self.resolve_warps)
         return out

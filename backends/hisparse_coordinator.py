@@ -71,7 +71,7 @@ import torch
 import triton
 
 from backends.copy_engines import COPY_ENGINES, make_copy_engine
-from backends.host_memory import HOST_ALLOCS, HostRows
+from backends.host_memory import HOST_ALLOCS, HostRows, copy_pool_rows
 from backends.kernels.swap_in import (COUNT_FIELDS, MAX_TOP_K, NUM_COUNT_FIELDS, ResolveLaunch,
                                       next_pow2, resolve_scratch_width, resolve_swap_in_kernel)
 
@@ -459,8 +459,8 @@ class HiSparseCoordinator:
         n = rows.shape[0]
         end = start_position + n
         self._ensure_host_pages(req, end)
-        idx = torch.from_numpy(self.host_rows_of(req, np.arange(start_position, end)))
-        self.host_kv[layer_id].index_copy_(0, idx, rows.cpu())
+        copy_pool_rows(self.host_kv[layer_id], self.host_rows_of(req, np.arange(start_position, end)),
+                       rows)
         if start_position <= self._host_len[req]:
             self._host_len[req] = max(self._host_len[req], end)
 
@@ -493,11 +493,8 @@ class HiSparseCoordinator:
         dst = np.concatenate([self.request_slot_base(r) + o for r, o in zip(reqs, offsets)])
         if len(src) == 0:
             return
-        src_t = torch.from_numpy(src)
-        dst_t = torch.from_numpy(dst).to(self.device)
         for layer in range(self.num_layers):
-            rows = self.host_kv[layer].index_select(0, src_t).to(self.device)
-            self.device_kv[layer].index_copy_(0, dst_t, rows)
+            copy_pool_rows(self.device_kv[layer], dst, self.host_kv[layer], src)
 
     def _check_batch_host(self, req_pool_indices, lens, name: str):
         reqs = _as_int_array(req_pool_indices, "req_pool_indices")

@@ -26,6 +26,10 @@ from typing import Sequence
 
 import numpy as np
 import torch
+import triton
+
+from backends.copy_engines import row_tile, word_view
+from backends.kernels.host_copy import copy_indexed_rows_kernel
 
 HOST_ALLOCS = ("pinned", "registered", "thp")
 HUGE_PAGE = 2 << 20
@@ -80,6 +84,33 @@ class HostRows:
     def huge_fraction(self) -> float:
         """Share of the bytes backed by transparent huge pages (NaN where not readable)."""
         return anon_huge_fraction(self.tensor.data_ptr(), self.nbytes)
+
+
+def copy_pool_rows(dst: torch.Tensor, dst_rows, src: torch.Tensor, src_rows=None,
+                   rows_per_program: int = 8) -> None:
+    """``dst[dst_rows] = src[src_rows]`` (set-up, not timed): ``dst`` and ``src`` uint8 ``[R,
+    row_bytes]`` pools on the device or in host memory, ``dst_rows`` int64 ``[n]`` (distinct;
+    numpy or torch), ``src_rows`` int64 ``[n]`` (None: rows ``0 .. n-1`` of ``src``). When one
+    pool is on a CUDA device and the other is on that device or page-locked host memory, one
+    Triton kernel copies the rows, reading or writing the host pool in place over UVA (no
+    pageable staging copy, no CPU gather or scatter), and the call returns once it is done, so
+    the CPU may read ``dst`` right away; otherwise the rows go through the CPU."""
+    as_rows = lambda r: torch.as_tensor(np.ascontiguousarray(r, dtype=np.int64)  # noqa: E731
+                                        if not isinstance(r, torch.Tensor) else r).long()
+    dst_idx = as_rows(dst_rows)
+    n = dst_idx.numel()
+    src_idx = torch.arange(n) if src_rows is None else as_rows(src_rows)
+    cuda = dst if dst.is_cuda else src
+    if n == 0:
+        return
+    if not cuda.is_cuda or not all(t.is_cuda or t.is_pinned() for t in (dst, src)):
+        dst.index_copy_(0, dst_idx.to(dst.device), src[src_idx.to(src.device)].to(dst.device))
+        return
+    s, d = word_view(src.contiguous()), word_view(dst)
+    copy_indexed_rows_kernel[(triton.cdiv(n, rows_per_program),)](
+        s, d, src_idx.to(cuda.device), dst_idx.to(cuda.device), n,
+        **row_tile(s), ROWS=rows_per_program, num_warps=4)
+    torch.cuda.current_stream(cuda.device).synchronize()
 
 
 def anon_huge_fraction(ptr: int, nbytes: int) -> float:

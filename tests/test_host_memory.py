@@ -4,7 +4,9 @@ import pytest
 import torch
 
 from backends.hisparse_coordinator import HiSparseCoordinator
-from backends.host_memory import HUGE_PAGE, HostRows, anon_huge_fraction
+from backends.copy_engines import row_tile, word_view
+from backends.host_memory import HUGE_PAGE, HostRows, anon_huge_fraction, copy_pool_rows
+from backends.kernels.host_copy import copy_indexed_rows_kernel
 from harness.lru_model import CoordinatorModel
 
 
@@ -27,6 +29,67 @@ def test_host_rows_reject_an_unknown_allocation():
     with pytest.raises(ValueError, match="host_alloc must be one of"):
         HiSparseCoordinator(num_layers=1, max_requests=1, max_seq_len=64, row_bytes=16, top_k=4,
                             host_alloc="malloc", device="cpu")
+
+
+@pytest.mark.parametrize("row_bytes", [656, 42])      # 16-byte groups / 2-byte words
+def test_indexed_row_kernel_writes_exactly_the_named_rows(row_bytes):
+    """``copy_indexed_rows_kernel`` (the host pool's fill on the GPU; here through the
+    interpreter): ``dst[dst_rows[i]] = src[src_rows[i]]`` for every i, every other row untouched,
+    with a row count that is not a multiple of the program's rows."""
+    g = torch.Generator().manual_seed(3)
+    n, pool_rows, rows_per_program = 37, 200, 8
+    src = torch.randint(0, 256, (n, row_bytes), dtype=torch.uint8, generator=g)
+    pool = torch.randint(0, 256, (pool_rows, row_bytes), dtype=torch.uint8, generator=g)
+    want = pool.clone()
+    src_rows = torch.randperm(n, generator=g)
+    dst_rows = torch.randperm(pool_rows, generator=g)[:n]
+    want[dst_rows] = src[src_rows]
+    s, d = word_view(src), word_view(pool)
+    copy_indexed_rows_kernel[(-(-n // rows_per_program),)](
+        s, d, src_rows, dst_rows, n, **row_tile(s), ROWS=rows_per_program)
+    assert torch.equal(pool, want)
+
+
+def test_copy_pool_rows_on_the_cpu_scatters_and_gathers_the_rows():
+    g = torch.Generator().manual_seed(4)
+    pool = HostRows((90, 656), "registered", cuda=False).tensor
+    pool.copy_(torch.randint(0, 256, pool.shape, dtype=torch.uint8, generator=g))
+    want = pool.clone()
+    rows = torch.randint(0, 256, (40, 656), dtype=torch.uint8, generator=g)
+    idx = np.random.default_rng(4).choice(90, 30, replace=False)
+    want[torch.from_numpy(idx)] = rows[:30]
+    copy_pool_rows(pool, idx, rows)                 # src_rows None: rows 0 .. n-1
+    assert torch.equal(pool, want)
+    pick = np.random.default_rng(5).choice(40, 30, replace=False)
+    want[torch.from_numpy(idx)] = rows[torch.from_numpy(pick)]
+    copy_pool_rows(pool, idx, rows, pick)
+    assert torch.equal(pool, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("alloc", ["pinned", "registered", "thp"])
+def test_copy_pool_rows_between_the_gpu_and_every_host_pool(alloc):
+    """Device rows into a page-locked pool (the fill) and pool rows into device rows (the hot
+    buffers' set-up), by the UVA kernel: each equals the same copy done on the CPU (untouched
+    rows kept), readable by the CPU right after the call."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA (GPU test)")
+    g = torch.Generator().manual_seed(5)
+    rng = np.random.default_rng(5)
+    pool = HostRows((50000, 656), alloc).tensor
+    pool.copy_(torch.randint(0, 256, pool.shape, dtype=torch.uint8, generator=g))
+    want = pool.clone()
+    rows = torch.randint(0, 256, (12345, 656), dtype=torch.uint8, generator=g)
+    idx = rng.choice(50000, 12345, replace=False)
+    want[torch.from_numpy(idx)] = rows
+    copy_pool_rows(pool, idx, rows.cuda())
+    assert torch.equal(pool, want)
+    dev = torch.randint(0, 256, (3000, 656), dtype=torch.uint8, generator=g).cuda()
+    dev_want = dev.clone()
+    src, dst = rng.choice(50000, 2000, replace=False), rng.choice(3000, 2000, replace=False)
+    dev_want[torch.from_numpy(dst).cuda()] = want[torch.from_numpy(src)].cuda()
+    copy_pool_rows(dev, dst, pool, src)
+    assert torch.equal(dev, dev_want)
 
 
 def test_huge_fraction_of_memory_outside_any_mapping_is_zero():

@@ -115,3 +115,17 @@ def copy_planned_rows_persistent_kernel(
         dst = tl.load(plan + 1 + MAX_MISSES + j, mask=live, other=0).to(tl.int64) + k
         copy_rows_cached(src_pool_ptr, dst_pool_ptr, src, dst, live, WORDS, VEC, GROUP_BLOCK,
                          LOAD_CACHE, STORE_CACHE)
+
+
+@triton.jit
+def copy_indexed_rows_kernel(src_pool_ptr, dst_pool_ptr, src_rows_ptr, dst_rows_ptr, n,
+                             WORDS: tl.constexpr, VEC: tl.constexpr, GROUP_BLOCK: tl.constexpr,
+                             ROWS: tl.constexpr):
+    """``dst_pool[dst_rows[i]] = src_pool[src_rows[i]]`` for ``i < n`` (int64 row indices),
+    ``ROWS`` rows a program, grid ``cdiv(n, ROWS)``. Either pool may be page-locked host memory
+    (read or written in place over UVA): the set-up's fill of a host KV pool from device rows."""
+    i = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    live = i < n
+    src = tl.load(src_rows_ptr + i, mask=live, other=0)
+    dst = tl.load(dst_rows_ptr + i, mask=live, other=0)
+    copy_row_tile(src_pool_ptr, dst_pool_ptr, src, dst, live, WORDS, VEC, GROUP_BLOCK)
