@@ -116,14 +116,19 @@ class UvaKernelEngine(CopyEngine):
     * ``programs``: 0 = the capacity grid ``(batch, cdiv(max_misses * unit_rows, rows))``;
       N > 0 = a persistent grid of N programs walking the batch's planned rows flat;
     * ``load_cache`` / ``store_cache``: Triton cache modifiers of the host load and the device
-      store (``LOAD_CACHE_MODIFIERS`` / ``STORE_CACHE_MODIFIERS``; '' = Triton's default).
+      store (``LOAD_CACHE_MODIFIERS`` / ``STORE_CACHE_MODIFIERS``; '' = Triton's default);
+    * ``pdl``: on CUDA, launch with programmatic dependent launch (``launch_pdl``): the copy's
+      programs start while the kernel before it (the resolve) still runs and wait for its writes
+      (``gdc_wait``) before they read the plan, so the copy's launch overlaps the resolve
+      (``backends/kernels/host_copy.py``); False: a plain launch after it. Ignored by the
+      interpreter (device tensors on the CPU).
     """
 
     name = "uva_kernel"
     needs_host_sync = False
 
     def __init__(self, rows_per_program: int = 4, num_warps: int = 4, programs: int = 0,
-                 load_cache: str = "", store_cache: str = ""):
+                 load_cache: str = "", store_cache: str = "", pdl: bool = False):
         if not isinstance(rows_per_program, int) or rows_per_program < 1 or \
                 rows_per_program & (rows_per_program - 1):
             raise ValueError(f"rows_per_program must be a power of two >= 1, "
@@ -139,17 +144,20 @@ class UvaKernelEngine(CopyEngine):
         if store_cache not in STORE_CACHE_MODIFIERS:
             raise ValueError(f"store_cache must be one of {STORE_CACHE_MODIFIERS}, "
                              f"got {store_cache!r}")
+        if not isinstance(pdl, bool):
+            raise ValueError(f"pdl must be a bool, got {pdl!r}")
         self.rows_per_program = rows_per_program
         self.num_warps = num_warps
         self.programs = programs
         self.load_cache = load_cache
         self.store_cache = store_cache
+        self.pdl = pdl
 
     def launch_config(self) -> dict:
         """The launch parameters as keyword arguments of this class (JSON-serialisable)."""
         return {"rows_per_program": self.rows_per_program, "num_warps": self.num_warps,
                 "programs": self.programs, "load_cache": self.load_cache,
-                "store_cache": self.store_cache}
+                "store_cache": self.store_cache, "pdl": self.pdl}
 
     def _copy(self, host_layer, device_layer, plan, batch, unit_rows):
         if device_layer.is_cuda and not host_layer.is_cuda and not host_layer.is_pinned():
@@ -163,6 +171,8 @@ class UvaKernelEngine(CopyEngine):
         tile = dict(UNIT_ROWS=unit_rows, **row_tile(src), ROWS=self.rows_per_program,
                     LOAD_CACHE=self.load_cache, STORE_CACHE=self.store_cache,
                     num_warps=self.num_warps)
+        if self.pdl and device_layer.is_cuda:
+            tile.update(WAIT_PRIOR=True, launch_pdl=True)
         if self.programs:
             copy_planned_rows_persistent_kernel[(self.programs,)](
                 src, dst, plan, plan.stride(0), max_misses, batch,
@@ -253,26 +263,32 @@ class StagedEngine(CopyEngine):
 #: the uva_kernel launch on CUDA, measured on the H200 (``python -m harness.bench run swap_in
 #: --section gather``, BENCHMARKS.md section 3): a persistent grid of 16 one-warp programs per
 #: SM, one row each in flight, gives 39.3 GB/s for 2048 scattered 656 B rows (the capacity grid
-#: with 4 rows per program: 35.7) and 45.5 GB/s for 16384 (42.7)
-UVA_CUDA_LAUNCH = dict(rows_per_program=1, num_warps=1, programs_per_sm=16)
+#: with 4 rows per program: 35.7) and 45.5 GB/s for 16384 (42.7); launched with programmatic
+#: dependent launch (``pdl``), so its launch overlaps the resolve before it
+UVA_CUDA_LAUNCH = dict(rows_per_program=1, num_warps=1, programs_per_sm=16, pdl=True)
 
 
 def make_copy_engine(name: str, *, capacity_rows: int, row_bytes: int, device: torch.device,
-                     rows_per_program: Optional[int] = None) -> CopyEngine:
+                     rows_per_program: Optional[int] = None,
+                     pdl: Optional[bool] = None) -> CopyEngine:
     """The copy engine called ``name`` (one of ``COPY_ENGINES``).
 
     ``capacity_rows``: most rows one call moves (sizes the staged engine's buffers);
     ``rows_per_program``: uva_kernel tile height of the capacity grid; None: on CUDA the
     persistent launch ``UVA_CUDA_LAUNCH``, under the interpreter (which pays per program rather
-    than per row) the capacity grid with 256 rows a program.
+    than per row) the capacity grid with 256 rows a program; ``pdl``: the uva_kernel launch's
+    programmatic dependent launch (``UvaKernelEngine``; None: ``UVA_CUDA_LAUNCH``'s on CUDA,
+    off under the interpreter).
     """
     if name == "uva_kernel":
-        if rows_per_program is not None:
-            return UvaKernelEngine(rows_per_program=rows_per_program)
         dev = torch.device(device)
+        if pdl is None:
+            pdl = dev.type == "cuda" and UVA_CUDA_LAUNCH["pdl"]
+        if rows_per_program is not None:
+            return UvaKernelEngine(rows_per_program=rows_per_program, pdl=pdl)
         if dev.type != "cuda":
-            return UvaKernelEngine(rows_per_program=256)
-        return uva_engine_per_sm(dev, **UVA_CUDA_LAUNCH)
+            return UvaKernelEngine(rows_per_program=256, pdl=pdl)
+        return uva_engine_per_sm(dev, **{**UVA_CUDA_LAUNCH, "pdl": pdl})
     if name == "memcpy":
         return MemcpyEngine()
     if name == "staged":

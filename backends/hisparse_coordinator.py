@@ -367,14 +367,20 @@ class HiSparseCoordinator:
         self.resolve_launch = launch
         self.block_c, self.resolve_warps = launch.resolved(self.k_pad, self.hot_units,
                                                            self.upstream)
+        # inline PTX only where it runs: a CUDA launch (the interpreter takes tl.store)
+        self.resolve_ptx_scatter = launch.ptx_scatter and self.device.type == "cuda"
 
-    def set_copy_engine(self, copy_engine: str, rows_per_program: Optional[int] = None) -> None:
-        """Switches the copy engine (set-up, between calls); see ``backends/copy_engines.py``."""
+    def set_copy_engine(self, copy_engine: str, rows_per_program: Optional[int] = None,
+                        pdl: Optional[bool] = None) -> None:
+        """Switches the copy engine (set-up, between calls); see ``backends/copy_engines.py``
+        (``pdl``: the uva_kernel engine's programmatic dependent launch, ``make_copy_engine``;
+        with it the resolve lets the copy launch while it runs)."""
         if copy_engine not in COPY_ENGINES:
             raise ValueError(f"copy_engine must be one of {COPY_ENGINES}, got {copy_engine!r}")
         self.engine = make_copy_engine(
             copy_engine, capacity_rows=self.max_requests * self.max_misses * self.unit,
-            row_bytes=self.row_bytes, device=self.device, rows_per_program=rows_per_program)
+            row_bytes=self.row_bytes, device=self.device, rows_per_program=rows_per_program,
+            pdl=pdl)
         self.copy_engine_name = copy_engine
 
     # ---------------------------------------------------------------- sizes and views
@@ -631,6 +637,8 @@ class HiSparseCoordinator:
             UNIT=self.unit, PAGE=self.page_size, PAGE_MODE=self.page_mode,
             K_PAD=self.k_pad, LOG_K_PAD=self.k_pad.bit_length() - 1, BLOCK_C=self.block_c,
             SEARCH_STEPS=self.search_steps, UPSTREAM=self.upstream,
+            PTX_SCATTER=self.resolve_ptx_scatter,
+            LAUNCH_DEPENDENTS=self.device.type == "cuda" and getattr(self.engine, "pdl", False),
             num_warps=self.resolve_warps)
         return out
 

@@ -298,3 +298,33 @@ def test_swap_in_gather_and_context_flag_a_dropped_row(monkeypatch):
     bad = df[df["kernel"].isin(["gather", "copy_planned_misses", "swap_in_selected_pages"])]
     assert len(bad) and set(bad["status"]) == {"incorrect"} and (bad["max_rel_err"] > 0).all()
     assert set(df[df["kernel"] == "resolve_selection"]["status"]) == {"incorrect"}
+
+
+def test_uva_pdl_option(device):
+    """``pdl``: validated, in the launch config, chosen by ``make_copy_engine`` (off under the
+    interpreter unless asked for), and the copy with it moves the same rows as without."""
+    with pytest.raises(ValueError, match="pdl"):
+        UvaKernelEngine(pdl=1)
+    assert UvaKernelEngine(pdl=True).launch_config()["pdl"] is True
+    assert make_copy_engine("uva_kernel", capacity_rows=1, row_bytes=8, device="cpu").pdl is False
+    assert make_copy_engine("uva_kernel", capacity_rows=1, row_bytes=8, device="cpu",
+                            pdl=True).pdl is True
+    g = torch.Generator().manual_seed(7)
+    host = torch.randint(0, 256, (64, 24), dtype=torch.uint8, generator=g)
+    if device.type == "cuda":
+        host = host.pin_memory()
+    plan = torch.zeros((3, 1 + 2 * 5), dtype=torch.int32)
+    plan[:, 0] = torch.tensor([5, 0, 3])
+    plan[:, 1:6] = torch.randperm(64, generator=g)[:15].view(3, 5).int()
+    plan[:, 6:11] = torch.randperm(40, generator=g)[:15].view(3, 5).int()
+    plan = plan.to(device)
+    pools = []
+    for pdl in (False, True):
+        dev = torch.zeros((40, 24), dtype=torch.uint8, device=device)
+        UvaKernelEngine(rows_per_program=2, programs=4, pdl=pdl).copy(host, dev, plan, 3, 1)
+        pools.append(dev.cpu())
+    assert torch.equal(pools[0], pools[1])
+    p = plan.cpu()
+    for b in range(3):
+        for j in range(int(p[b, 0])):
+            assert torch.equal(pools[1][int(p[b, 6 + j])], host.cpu()[int(p[b, 1 + j])])

@@ -187,6 +187,50 @@ def test_raw_selections_against_model(gran, order, launch):
     assert (n_over > 0) == (gran == "page")
 
 
+@pytest.mark.parametrize("ptx_scatter,pdl", [(False, False), (True, False), (False, True),
+                                             (True, True)])
+def test_launch_options_against_model(ptx_scatter, pdl):
+    """The resolve's scattered stores (``tl.store`` / inline PTX) and the copy's launch (plain /
+    programmatic dependent): all-hit, mixed and all-miss steps of distinct positions on fresh
+    random KV give the model's slots, counts, device rows, slot map and LRU order (``Rig.swap``
+    checks all). On CUDA each option runs its own code; under the interpreter both take
+    ``tl.store`` and a plain launch (the options are flags of a CUDA launch only)."""
+    rig = Rig(top_k=16, D=32, P=4, max_seq=200, seed=23)
+    rig.c.set_resolve_launch(ResolveLaunch(ptx_scatter=ptx_scatter))
+    rig.c.set_copy_engine("uva_kernel", pdl=pdl)
+    cuda = rig.device.type == "cuda"
+    assert rig.c.resolve_ptx_scatter == (ptx_scatter and cuda)
+    assert rig.c.engine.pdl == pdl
+    reqs, lens = [2, 0, 1], [90, 120, 150]
+    rig.prefill(reqs, lens)
+    kinds = []
+    for step, kind in enumerate(["hit", "mixed", "hit", "miss", "mixed", "hit"]):
+        seq = [n + 1 + step for n in lens]
+        sel = []
+        for r, s in zip(reqs, seq):
+            held = rig.rng.permutation(rig.resident_positions(0, r))
+            cold = rig.rng.permutation(sorted(set(range(s - 1)) - set(held.tolist())))
+            n_held = {"hit": rig.K, "mixed": rig.K // 2, "miss": 0}[kind]
+            sel.append(rig.rng.permutation(np.concatenate([held[:n_held],
+                                                           cold[:rig.K - n_held]])))
+        res = rig.swap(reqs, seq, sel)
+        kinds.append({"hit": all(x.misses == 0 for layer in res for x in layer),
+                      "miss": all(x.hits == 0 for layer in res for x in layer),
+                      "mixed": all(0 < x.misses < rig.K for layer in res for x in layer)}[kind])
+    assert all(kinds)
+
+
+def test_launch_option_validation():
+    assert ResolveLaunch().ptx_scatter is True
+    with pytest.raises(ValueError, match="ptx_scatter"):
+        ResolveLaunch(ptx_scatter=1)
+    c = HiSparseCoordinator(num_layers=1, max_requests=1, max_seq_len=64, row_bytes=8, top_k=8,
+                            device="cpu")
+    assert c.resolve_ptx_scatter is False and c.engine.pdl is False     # the interpreter
+    c.set_copy_engine("uva_kernel", pdl=True)
+    assert c.engine.pdl is True
+
+
 def test_top_k_equal_to_buffer_evicts_everything():
     rig = Rig(layers=1, reqs=1, top_k=8, D=8, P=4)
     rig.prefill([0], [30])

@@ -17,6 +17,9 @@ Two grids (``backends/copy_engines.py`` picks one):
   and one request's misses spread over every program.
 
 Neither grid depends on the device-resident counts: no host sync, CUDA-graph capturable.
+``WAIT_PRIOR`` (GPU only): the kernel was launched with ``launch_pdl`` (programmatic dependent
+launch), so it may start while the kernel before it in the stream (the resolve writing the plan)
+still runs; every program waits for that kernel's writes (``gdc_wait``) before it reads the plan.
 ``LOAD_CACHE`` / ``STORE_CACHE`` are Triton's ``cache_modifier`` strings of the host load and
 device store ('' = default; loads '.ca' '.cg' '.cv', stores '.wb' '.cg' '.cs' '.wt').
 """
@@ -58,6 +61,7 @@ def copy_planned_rows_kernel(
     src_pool_ptr, dst_pool_ptr, plan_ptr, plan_stride, MAX_MISSES,
     UNIT_ROWS: tl.constexpr, WORDS: tl.constexpr, VEC: tl.constexpr, GROUP_BLOCK: tl.constexpr,
     ROWS: tl.constexpr, LOAD_CACHE: tl.constexpr, STORE_CACHE: tl.constexpr,
+    WAIT_PRIOR: tl.constexpr = False,
 ):
     """Copies the rows of a miss plan: ``dst_pool[dst] = src_pool[src]``, ``ROWS`` rows a program.
 
@@ -65,8 +69,11 @@ def copy_planned_rows_kernel(
     The count and the plan entries are loaded together (the entries up to the plan's capacity,
     not the count, bound the entry loads), so the host load waits on one device round trip.
     ``src_pool_ptr``: the layer's host rows (pinned CPU memory read in place over UVA on the GPU),
-    ``dst_pool_ptr``: the layer's device rows; the row copy is ``copy_rows_cached``.
+    ``dst_pool_ptr``: the layer's device rows; the row copy is ``copy_rows_cached``;
+    ``WAIT_PRIOR``: module docstring.
     """
+    if WAIT_PRIOR:
+        tl.extra.cuda.gdc_wait()
     b = tl.program_id(0)
     chunk = tl.program_id(1)
     plan = plan_ptr + b.to(tl.int64) * plan_stride
@@ -86,7 +93,7 @@ def copy_planned_rows_persistent_kernel(
     src_pool_ptr, dst_pool_ptr, plan_ptr, plan_stride, MAX_MISSES, BATCH,
     UNIT_ROWS: tl.constexpr, WORDS: tl.constexpr, VEC: tl.constexpr, GROUP_BLOCK: tl.constexpr,
     ROWS: tl.constexpr, BATCH_BLOCK: tl.constexpr, LOAD_CACHE: tl.constexpr,
-    STORE_CACHE: tl.constexpr,
+    STORE_CACHE: tl.constexpr, WAIT_PRIOR: tl.constexpr = False,
 ):
     """Copies the rows of a miss plan over a persistent 1-D grid of any size.
 
@@ -94,8 +101,10 @@ def copy_planned_rows_persistent_kernel(
     program ``p`` copies chunks ``p, p + P, p + 2P, ...`` of ``ROWS`` flat rows (``P`` =
     programs). A flat row ``r`` belongs to batch row ``b`` = the number of batch rows whose
     planned rows end at or before ``r``, at local row ``r`` minus their row count.
-    ``BATCH_BLOCK``: a power of two >= ``BATCH``.
+    ``BATCH_BLOCK``: a power of two >= ``BATCH``; ``WAIT_PRIOR``: module docstring.
     """
+    if WAIT_PRIOR:
+        tl.extra.cuda.gdc_wait()
     bs = tl.arange(0, BATCH_BLOCK)
     counts = tl.load(plan_ptr + bs.to(tl.int64) * plan_stride, mask=bs < BATCH, other=0)
     rows_of = counts * UNIT_ROWS

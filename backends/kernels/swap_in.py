@@ -36,6 +36,17 @@ Two LRU orders (``UPSTREAM`` constexpr), two resolves:
 Scratch per batch row (int32, ``resolve_scratch_width``): upstream ``[C]`` evictable slots,
 ``[N_UNITS, 2]`` stamps (first entry, holding slot); position ``[K_PAD]`` sorted keys, ``[K_PAD]`` unique units,
 ``[K_PAD]`` slot per unique unit, ``[C]`` evictable slots.
+
+Scattered stores (``PTX_SCATTER``, upstream order): Triton gives a store whose addresses are not
+contiguous a one-element-per-thread layout and converts the pointers, values and masks into it
+through shared memory (one barrier-separated round each), while the resolve computes in
+four-element vectors (its loads are vectorised); ``scatter_store`` issues each element's
+``st.global`` by inline PTX in the layout the values already have. On for CUDA launches
+(``ResolveLaunch.ptx_scatter``); the Triton interpreter runs no PTX and takes ``tl.store``.
+
+Programmatic dependent launch (``LAUNCH_DEPENDENTS``): the resolve lets the next kernel in the
+stream (the copy, launched with ``launch_pdl``, which waits for the resolve's writes with
+``gdc_wait`` before it reads the plan) start its launch while the resolve runs.
 """
 from __future__ import annotations
 
@@ -212,6 +223,20 @@ def resolve_position_order(
 
 
 @triton.jit
+def scatter_store(ptr, value, mask, PTX: tl.constexpr):
+    """``tl.store(ptr, value, mask=mask)`` of an int32 block at scattered addresses; with
+    ``PTX`` one predicated ``st.global.b32`` per element by inline PTX, in the block's own
+    layout (module docstring; GPU only)."""
+    if PTX:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b32 [$1], $2; mov.b32 $0, 0; }",
+            "=r,l,r,r", [ptr, value.to(tl.int32), mask.to(tl.int32)], dtype=tl.int32,
+            is_pure=False, pack=1)
+    else:
+        tl.store(ptr, value, mask=mask)
+
+
+@triton.jit
 def _add_pair(a0, b0, a1, b1):
     return a0 + a1, b0 + b1
 
@@ -222,10 +247,11 @@ def resolve_upstream_order(
     slot_unit_ptr, lru_ptr, host_page_row_ptr, plan, scr,
     K, C, D, MAX_MISSES, N_UNITS,
     UNIT: tl.constexpr, PAGE: tl.constexpr, K_PAD: tl.constexpr, BLOCK_C: tl.constexpr,
+    PTX_SCATTER: tl.constexpr = False,
 ):
     """``resolve_hot_selection`` in the ``upstream`` order (two-way stamps, no sort; same
-    arguments and results). The hot buffer's ``[C]`` rows (LRU order and slot -> unit) are
-    held in registers (``BLOCK_C >= C``) and joined with the selection by ``tl.gather``, so an
+    arguments and results; ``PTX_SCATTER``: scattered stores by inline PTX, ``scatter_store``).
+    The hot buffer's ``[C]`` rows (LRU order and slot -> unit) are held in registers (``BLOCK_C >= C``) and joined with the selection by ``tl.gather``, so an
     all-hit call reads global memory twice in a chain: its inputs, then the stamp table."""
     s_evict = scr                      # [C] evictable slots by rank (only when a unit missed)
     s_tab = scr + C                    # [N_UNITS, 2]: (first entry, holding slot) per unit
@@ -248,8 +274,8 @@ def resolve_upstream_order(
     # ---- 2. stamps both ways: unit -> its first entry, unit -> the slot holding it ---------
     # Stale values (earlier calls, other layers or requests) are recognised below (the entry's
     # unit, the slot's unit), so the table is never cleared.
-    tl.store(s_tab + 2 * unit, offs, mask=live)
-    tl.store(s_tab + 2 * slot_u + 1, lane, mask=held_s)
+    scatter_store(s_tab + 2 * unit, offs, live, PTX_SCATTER)
+    scatter_store(s_tab + 2 * slot_u + 1, lane, held_s, PTX_SCATTER)
     tl.debug_barrier()
     rep = tl.load(s_tab + 2 * unit, mask=live, other=-1, cache_modifier=".cg")
     cand = tl.load(s_tab + 2 * unit + 1, mask=live, other=-1, cache_modifier=".cg")
@@ -299,14 +325,16 @@ def resolve_upstream_order(
     miss_slot = offs * 0
     if n_miss > 0:
         miss_rank = tl.cumsum(is_miss.to(tl.int32), axis=0) - 1
-        tl.store(s_evict + ev_rank, walk_slot, mask=ev & (ev_rank < n_miss))
+        scatter_store(s_evict + ev_rank, walk_slot, ev & (ev_rank < n_miss), PTX_SCATTER)
         tl.debug_barrier()
         miss_slot = tl.load(s_evict + miss_rank, mask=is_miss, other=0, cache_modifier=".cg")
-        tl.store(slot_unit_ptr + row + miss_slot, unit, mask=is_miss)
+        scatter_store(slot_unit_ptr + row + miss_slot, unit, is_miss, PTX_SCATTER)
         first_pos = unit * UNIT
         host_page = tl.load(host_page_row_ptr + first_pos // PAGE, mask=is_miss, other=0)
-        tl.store(plan + 1 + miss_rank, host_page * PAGE + first_pos % PAGE, mask=is_miss)
-        tl.store(plan + 1 + MAX_MISSES + miss_rank, base + miss_slot * UNIT, mask=is_miss)
+        scatter_store(plan + 1 + miss_rank, host_page * PAGE + first_pos % PAGE, is_miss,
+                      PTX_SCATTER)
+        scatter_store(plan + 1 + MAX_MISSES + miss_rank, base + miss_slot * UNIT, is_miss,
+                      PTX_SCATTER)
     tl.store(plan, n_miss)
 
     # ---- 5. new LRU: stale evictables, the misses' slots, the hits (walk order) -------------
@@ -315,7 +343,7 @@ def resolve_upstream_order(
     n_kept = n_evict - n_miss
     new_at = tl.where(hit_w, n_evict + hit_cum - 1,
                       tl.where(ev_rank < n_miss, n_kept + ev_rank, ev_rank - n_miss))
-    tl.store(lru_ptr + row + new_at, walk_slot, mask=do_c & mc)
+    scatter_store(lru_ptr + row + new_at, walk_slot, do_c & mc, PTX_SCATTER)
 
     # ---- 6. each entry's hot slot (-1: not resolved here): its unit's first entry's --------
     first_slot = tl.where(resolved & held_e, cand, tl.where(is_miss, miss_slot, -1))
@@ -333,7 +361,7 @@ def resolve_hot_selection(
     K, C, D, MAX_MISSES, N_UNITS,
     UNIT: tl.constexpr, PAGE: tl.constexpr,
     K_PAD: tl.constexpr, LOG_K_PAD: tl.constexpr, BLOCK_C: tl.constexpr,
-    SEARCH_STEPS: tl.constexpr, UPSTREAM: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr, UPSTREAM: tl.constexpr, PTX_SCATTER: tl.constexpr = False,
 ):
     """Hit detection, exact LRU update and miss -> slot assignment of one batch row's selection
     against its hot buffer (steps 1-3 of the swap-in; the semantics of
@@ -348,7 +376,8 @@ def resolve_hot_selection(
     ``N_UNITS * UNIT``). ``host_page_row_ptr``: the request's row of the host page table (logical
     page -> host page); ``plan``: its miss-plan row (written: count, host rows, device rows);
     ``scr``: its scratch row (``resolve_scratch_width``). The LRU is neither read nor written
-    when no unit needs it.
+    when no unit needs it. ``PTX_SCATTER``: the upstream order's scattered stores by inline PTX
+    (``scatter_store``; GPU only).
 
     Returns ``(unit, slot, is_newest, long_blk, is_long, n_uniq, n_hit, n_miss, newest_hit,
     overflow)``: per entry its unit, its hot slot (-1: not resolved here) and whether it is the
@@ -360,7 +389,8 @@ def resolve_hot_selection(
     if UPSTREAM:
         res = resolve_upstream_order(pos, valid, skip, seq, row, base, slot_unit_ptr, lru_ptr,
                                 host_page_row_ptr, plan, scr, K, C, D, MAX_MISSES, N_UNITS,
-                                UNIT=UNIT, PAGE=PAGE, K_PAD=K_PAD, BLOCK_C=BLOCK_C)
+                                UNIT=UNIT, PAGE=PAGE, K_PAD=K_PAD, BLOCK_C=BLOCK_C,
+                                PTX_SCATTER=PTX_SCATTER)
     else:
         res = resolve_position_order(pos, valid, skip, seq, row, base, slot_unit_ptr, lru_ptr,
                                 host_page_row_ptr, plan, scr, K, C, D, MAX_MISSES,
@@ -402,9 +432,15 @@ def resolve_swap_in_kernel(
     K, C, D, SLOTS_PER_REQ, ROW_BYTES, MAX_MISSES, N_UNITS,
     UNIT: tl.constexpr, PAGE: tl.constexpr, PAGE_MODE: tl.constexpr,
     K_PAD: tl.constexpr, LOG_K_PAD: tl.constexpr, BLOCK_C: tl.constexpr,
-    SEARCH_STEPS: tl.constexpr, UPSTREAM: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr, UPSTREAM: tl.constexpr, PTX_SCATTER: tl.constexpr = False,
+    LAUNCH_DEPENDENTS: tl.constexpr = False,
 ):
     """One program per batch row: resolves a top-k selection against the hot buffer.
+
+    ``PTX_SCATTER``: scattered stores by inline PTX (``scatter_store``); ``LAUNCH_DEPENDENTS``:
+    each program lets the next kernel of the stream launch first thing (programmatic dependent
+    launch: the copy, launched with ``launch_pdl``, waits for this grid's writes before it reads
+    the plan). Both GPU only (the interpreter runs neither).
 
     Inputs (device tensors):
       req_idx_ptr   [B] int32/int64   request pool index of each batch row
@@ -419,6 +455,8 @@ def resolve_swap_in_kernel(
       counts_ptr    [B, NUM_COUNT_FIELDS] int64
     Scratch: [B, resolve_scratch_width(K_PAD, C, N_UNITS, UPSTREAM)] int32 (module docstring).
     """
+    if LAUNCH_DEPENDENTS:
+        tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     req = tl.load(req_idx_ptr + b).to(tl.int32)
     seq = tl.load(seq_lens_ptr + b).to(tl.int32)
@@ -436,7 +474,7 @@ def resolve_swap_in_kernel(
             host_table_ptr + req.to(tl.int64) * host_table_stride,
             plan_ptr + b.to(tl.int64) * plan_stride, scr, K, C, D, MAX_MISSES, N_UNITS,
             UNIT=UNIT, PAGE=PAGE, K_PAD=K_PAD, LOG_K_PAD=LOG_K_PAD, BLOCK_C=BLOCK_C,
-            SEARCH_STEPS=SEARCH_STEPS, UPSTREAM=UPSTREAM)
+            SEARCH_STEPS=SEARCH_STEPS, UPSTREAM=UPSTREAM, PTX_SCATTER=PTX_SCATTER)
 
     # ---- 4. output slot table --------------------------------------------------------------
     res = hot_buffer_rows(pos, slot, valid, is_newest, is_long, overflow, base, D,
@@ -478,14 +516,19 @@ class ResolveLaunch:
     order; the upstream order holds all ``C`` hot slots in one block (``block_c`` is raised to
     ``next_pow2(C)``); num_warps: Triton's (default 8 when the selection, or in the upstream
     order the walk block, has >= 1024 entries, 16 when the upstream walk block has >= 8192,
-    else 4).
+    else 4); ptx_scatter: the upstream order's scattered stores by inline PTX on CUDA (module
+    docstring; False: ``tl.store``, the launch before 2026-12-03; the interpreter always takes
+    ``tl.store``).
     """
 
     block_c: Optional[int] = None
     num_warps: Optional[int] = None
+    ptx_scatter: bool = True
 
     def __post_init__(self):
         b, w = self.block_c, self.num_warps
+        if not isinstance(self.ptx_scatter, bool):
+            raise ValueError(f"ResolveLaunch.ptx_scatter must be a bool, got {self.ptx_scatter!r}")
         if b is not None and (not isinstance(b, int) or b < 16 or b & (b - 1)):
             raise ValueError(f"ResolveLaunch.block_c must be a power of two >= 16, got {b!r}")
         if w is not None and w not in (1, 2, 4, 8, 16, 32):

@@ -17,6 +17,13 @@ kernel and to the call. ``all_hits`` adds ``resolve_selection`` alone (the resol
 copy) per order at B=64 and B=1, and the upstream resolve at 4 and 16 warps (``ResolveLaunch``;
 variant ``upstream w<N>``; the default is 8).
 
+Launch variants (``swap_in_peer`` only, ``LAUNCH_VARIANTS``): every case adds rows of ours in the
+upstream order with the launch before 2026-12-03 (``upstream 12-02``: the resolve's scattered
+stores by ``tl.store``, the copy a plain launch) and with one of the two changes alone
+(``upstream ptx`` / ``upstream pdl``), each its own coordinator on the same pools, checked like
+the others; ``all_hits`` adds the resolve alone with ``tl.store`` (``upstream tl.store``) and
+16 warps with it. Under the interpreter the variants run the same code (no PTX, no PDL).
+
 ``steady_state`` runs in lockstep: per order our steps run free first (checked against nothing
 but the host rows; states recorded), then every timed call starts, in its untimed set-up, from
 that order's recorded state before the same step; the peer's calls start from the ``upstream``
@@ -49,16 +56,28 @@ from harness.sglang_model import modelled_peer
 PeerFactory = Callable[[HiSparseCoordinator], SGLangHiSparsePeer]
 #: warps of the extra upstream resolve rows in ``all_hits`` (the default launch is 8)
 RESOLVE_WARPS = (4, 16)
+#: rows of ours in every case: variant -> (lru_order, resolve launch, the copy's ``pdl``; None:
+#: the default); one per order always, the launch variants (module doc) in ``swap_in_peer``
+ORDER_VARIANTS = {o: (o, ResolveLaunch(), None) for o in LRU_ORDERS}
+LAUNCH_VARIANTS = {
+    "upstream 12-02": ("upstream", ResolveLaunch(ptx_scatter=False), False),
+    "upstream ptx": ("upstream", ResolveLaunch(), False),
+    "upstream pdl": ("upstream", ResolveLaunch(ptx_scatter=False), True),
+}
 
 
 def ordered_coordinator(sz: Sizes, device: torch.device, batch: int, seq_len: int, seed: int,
-                        lru_order: str) -> HiSparseCoordinator:
+                        lru_order: str, resolve_launch: Optional[ResolveLaunch] = None,
+                        pdl: Optional[bool] = None) -> HiSparseCoordinator:
     """``harness.bench.swap_in.loaded_coordinator`` in ``lru_order``: the same host KV, page
-    shuffle and hot buffers for the same ``seed`` (so its pools equal the peer's)."""
+    shuffle and hot buffers for the same ``seed`` (so its pools equal the peer's); its resolve
+    launch and the copy's ``pdl`` as given (None: the defaults)."""
     c = HiSparseCoordinator(
         num_layers=1, max_requests=batch, max_seq_len=seq_len, row_bytes=sz.row_bytes,
         top_k=sz.top_k, device_buffer_size=sz.device_buffer_size, page_size=sz.page_size,
-        copy_engine="uva_kernel", lru_order=lru_order, device=device, seed=1)
+        copy_engine="uva_kernel", lru_order=lru_order, resolve_launch=resolve_launch,
+        device=device, seed=1)
+    c.set_copy_engine("uva_kernel", pdl=pdl)
     for r in range(batch):
         c.load_host_kv(0, r, random_rows(seq_len, sz.row_bytes, device, seed + r))
     c.prefill(list(range(batch)), [seq_len - 1] * batch)
@@ -87,15 +106,17 @@ def comparison_line(ours: Dict, call: Dict, kernel: Dict) -> str:
 
 
 class Pair:
-    """Ours (one coordinator per ``lru_order``: ``ours[order]``) and the peer on identical pools:
-    every coordinator has the same host KV and hot buffers; ``peer`` drives ``pools`` (None when
-    it cannot be built: ``why`` says why, ``status`` is unavailable or invalid)."""
+    """Ours (one coordinator per variant of ``variants``, ``ORDER_VARIANTS`` /
+    ``LAUNCH_VARIANTS``: ``ours[variant]``) and the peer on identical pools: every coordinator
+    has the same host KV and hot buffers; ``peer`` drives ``pools`` (None when it cannot be
+    built: ``why`` says why, ``status`` is unavailable or invalid)."""
 
     def __init__(self, run: BenchRun, sz: Sizes, batch: int, seq_len: int, seed: int,
-                 factory: PeerFactory, name: str):
+                 factory: PeerFactory, name: str, variants: Dict[str, tuple]):
         self.run, self.name, self.reqs = run, name, list(range(batch))
-        self.ours = {o: ordered_coordinator(sz, run.device, batch, seq_len, seed, o)
-                     for o in LRU_ORDERS}
+        self.variants = variants
+        self.ours = {v: ordered_coordinator(sz, run.device, batch, seq_len, seed, *spec)
+                     for v, spec in variants.items()}
         self.pools = loaded_coordinator(sz, run.device, batch, seq_len, seed)
         self.peer: Optional[SGLangHiSparsePeer] = None
         self.status = self.why = ""
@@ -110,21 +131,25 @@ class Pair:
 
     def measure(self, ours: Dict[str, tuple], peer_fn, kernel_fn, setups, checks,
                 cols: Dict, ours_cols: Optional[Dict[str, Dict]] = None) -> None:
-        """Ours per order (``ours[order] = (fn, setup, check)``), the peer's call and upstream's
-        kernel alone (``setups``/``checks``: one each); every row of ours and the call are
-        compared with the kernel alone (module doc). ``ours_cols[order]``: columns of that
-        order's row in place of ``cols``."""
+        """Ours per variant (``ours[variant] = (fn, setup, check)``), the peer's call and
+        upstream's kernel alone (``setups``/``checks``: one each); every row of ours and the call
+        are compared with the kernel alone (module doc). ``ours_cols[variant]``: columns of that
+        variant's row in place of ``cols``."""
         rows = {}
-        for order, (fn, setup, check) in ours.items():
-            c = (ours_cols or {}).get(order, cols)
-            rows[order] = self.run.measure(fn, setup=setup, check=check,
-                                           kernel="swap_in_selected_pages", variant=order,
-                                           lru_order=order, copy_engine="uva_kernel", **c)
+        for v, (fn, setup, check) in ours.items():
+            c = (ours_cols or {}).get(v, cols)
+            order = self.variants[v][0]
+            rows[v] = self.run.measure(fn, setup=setup, check=check,
+                                       kernel="swap_in_selected_pages", variant=v,
+                                       lru_order=order, copy_engine="uva_kernel",
+                                       launch_config=launch_json(self.ours[v]), **c)
         call = self._peer_row("call", peer_fn, setups[0], checks[0], cols)
         kernel = self._peer_row("kernel", kernel_fn, setups[1], checks[1], cols)
-        for order, row in rows.items():
+        for v, row in rows.items():
             self.run.compare(row, kernel)
-            print(f"[{self.run.bench}] {cols['case']} lru_order={order}: "
+            order = self.variants[v][0]
+            label = f"lru_order={order}" + ("" if v == order else f" ({v})")
+            print(f"[{self.run.bench}] {cols['case']} {label}: "
                   f"{comparison_line(row, call, kernel)}", flush=True)
         self.run.compare(call, kernel)
 
@@ -135,11 +160,19 @@ class Pair:
         return self.run.measure(fn, setup=setup, check=check, kernel=kernel, **cols)
 
 
-def all_misses(run: BenchRun, sz: Sizes, factory: PeerFactory, name: str) -> None:
+def launch_json(c: HiSparseCoordinator) -> str:
+    """The resolve's launch and the copy's ``pdl`` of a coordinator, as JSON."""
+    return json.dumps({"block_c": c.block_c, "num_warps": c.resolve_warps,
+                       "ptx_scatter": c.resolve_ptx_scatter,
+                       "pdl": bool(getattr(c.engine, "pdl", False))})
+
+
+def all_misses(run: BenchRun, sz: Sizes, factory: PeerFactory, name: str,
+               variants: Dict[str, tuple]) -> None:
     """One request, ``top_k`` never-resident positions per call."""
     n, K = sz.host_rows_a, sz.top_k
-    pair = Pair(run, sz, 1, n, 11, factory, name)
-    chunks = iter(fresh_chunks(sz, (2 + len(LRU_ORDERS)) * (1 + run.warmup + run.repeats)))
+    pair = Pair(run, sz, 1, n, 11, factory, name, variants)
+    chunks = iter(fresh_chunks(sz, (2 + len(variants)) * (1 + run.warmup + run.repeats)))
     req = torch.tensor([0], dtype=torch.int32, device=run.device)
     seq = torch.tensor([n], dtype=torch.int32, device=run.device)
     sel = torch.empty((1, K), dtype=torch.int32, device=run.device)
@@ -165,11 +198,12 @@ def all_misses(run: BenchRun, sz: Sizes, factory: PeerFactory, name: str) -> Non
                  case_columns(sz, "all_misses", 1, n, K))
 
 
-def all_hits(run: BenchRun, sz: Sizes, factory: PeerFactory, name: str) -> None:
+def all_hits(run: BenchRun, sz: Sizes, factory: PeerFactory, name: str,
+             variants: Dict[str, tuple]) -> None:
     """A batch of long requests selecting only resident tokens and the newest one; then the
     resolve kernel alone per order (and upstream launch variants) at this batch and at 1."""
     B, K, D, S = sz.batch, sz.top_k, sz.device_buffer_size, sz.seq_len_b
-    pair = Pair(run, sz, B, S, 100, factory, name)
+    pair = Pair(run, sz, B, S, 100, factory, name, variants)
     rng = np.random.default_rng(5)
     sel = np.stack([np.concatenate([rng.permutation(D)[:K - 1], [S - 1]]) for _ in pair.reqs])
     req = torch.tensor(pair.reqs, dtype=torch.int32, device=run.device)
@@ -188,26 +222,31 @@ def all_hits(run: BenchRun, sz: Sizes, factory: PeerFactory, name: str) -> None:
                  case_columns(sz, "all_hits", B, S, 0))
     launches = [(o, ResolveLaunch()) for o in LRU_ORDERS] + \
         [("upstream", ResolveLaunch(num_warps=w)) for w in RESOLVE_WARPS]
+    if len(variants) > len(LRU_ORDERS):
+        launches += [("upstream", ResolveLaunch(ptx_scatter=False)),
+                     ("upstream", ResolveLaunch(num_warps=16, ptx_scatter=False))]
     for order, launch in launches:
         c = pair.ours[order]
         c.set_resolve_launch(launch)
-        variant = order if launch.num_warps is None else f"{order} w{launch.num_warps}"
+        variant = " ".join([order] + ([] if launch.num_warps is None else
+                                      [f"w{launch.num_warps}"])
+                           + ([] if launch.ptx_scatter else ["tl.store"]))
         for n in (B, 1):
             run.measure(lambda: c.resolve_selection(req[:n], seq[:n], topk[:n], 0),
                         check=lambda out: swap_check(c, reqs[:n], topk[:n], out, [0] * n, [K] * n),
                         kernel="resolve_selection", variant=variant, lru_order=order,
-                        launch_config=json.dumps({"block_c": c.block_c,
-                                                  "num_warps": c.resolve_warps}),
+                        launch_config=launch_json(c),
                         **case_columns(sz, "all_hits", n, S, 0, tokens_loaded=None,
                                        bytes_h2d=None))
         c.set_resolve_launch(ResolveLaunch())
 
 
-def steady_state(run: BenchRun, sz: Sizes, factory: PeerFactory, name: str) -> None:
-    """Overlapping steps in lockstep: every call starts from its order's recorded state before
-    its step; the peer's from the upstream order's."""
+def steady_state(run: BenchRun, sz: Sizes, factory: PeerFactory, name: str,
+                 variants: Dict[str, tuple]) -> None:
+    """Overlapping steps in lockstep: every call starts from its variant's recorded state
+    before its step; the peer's from the upstream order's."""
     B, K, S = sz.batch, sz.top_k, sz.seq_len_c
-    pair = Pair(run, sz, B, S, 1000, factory, name)
+    pair = Pair(run, sz, B, S, 1000, factory, name, variants)
     peer, reqs = pair.peer, pair.reqs
     steps = sz.burn_in_c + run.warmup + run.repeats
     sels = overlap_selections(np.random.default_rng(9), steps, B, K, S, sz.overlap_c)
@@ -260,21 +299,24 @@ def steady_state(run: BenchRun, sz: Sizes, factory: PeerFactory, name: str) -> N
                  columns(rec), ours_cols={o: columns(r) for o, r in recs.items()})
 
 
-def swap_in_peers(run: BenchRun, sz: Sizes, factory: PeerFactory, name: str) -> None:
+def swap_in_peers(run: BenchRun, sz: Sizes, factory: PeerFactory, name: str,
+                  launch_variants: bool = False) -> None:
     """The three cases; ``name`` prefixes the peer's kernel names (``sglang``, or
-    ``sglang_model`` for the Python model of upstream's kernel)."""
+    ``sglang_model`` for the Python model of upstream's kernel); ``launch_variants``: rows of
+    ours for ``LAUNCH_VARIANTS`` too (module doc)."""
+    variants = {**ORDER_VARIANTS, **(LAUNCH_VARIANTS if launch_variants else {})}
     for case in (all_misses, all_hits, steady_state):
-        case(run, sz, factory, name)
+        case(run, sz, factory, name, variants)
         if run.cuda:
             torch.cuda.empty_cache()
 
 
-@register("swap_in_peer", "our HiSparse swap-in in both LRU orders beside SGLang's kernel: all "
-          "misses B=1, all hits B=64, 85% overlap B=64; the resolve alone")
+@register("swap_in_peer", "our HiSparse swap-in in both LRU orders and launch variants beside "
+          "SGLang's kernel: all misses B=1, all hits B=64, 85% overlap B=64; the resolve alone")
 def swap_in_peer(run: BenchRun) -> None:
     """The swap-in cases of ``peers`` alone (``--quick``: tiny sizes and the Python model of
     upstream's kernel in place of the compiled one)."""
     if run.quick:
-        swap_in_peers(run, QUICK, modelled_peer, "sglang_model")
+        swap_in_peers(run, QUICK, modelled_peer, "sglang_model", launch_variants=True)
     else:
-        swap_in_peers(run, FULL, SGLangHiSparsePeer, "sglang")
+        swap_in_peers(run, FULL, SGLangHiSparsePeer, "sglang", launch_variants=True)
