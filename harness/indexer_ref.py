@@ -2,11 +2,16 @@
 
 These are the oracles the Triton kernels are tested and benchmarked against. They are written
 for clarity (float32 math, Python loops over rows), not for speed, and share no code with the
-kernels beyond the cache layout helpers of ``harness.index_cache``.
+kernels beyond the cache layout helpers of ``harness.index_cache`` and, for
+``query_dtype="fp8"``, the query quantization rule ``quantize_index_query`` (the torch
+specification the kernel reproduces in registers).
 
 Indexer logit of query row ``r`` for key ``t`` (``k_t`` dequantized, float32)::
 
     logits[r, t] = sum_h weights[r, h] * relu(q[r, h] . k_t)
+
+with ``q`` the bf16 query as given, or (``query_dtype="fp8"``) its fp8 quantization
+``q_fp8 * scale`` (exact in float32).
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from typing import Optional
 import torch
 
 from backends.kernels.index_cache import IndexKeyCache, dequantize_fp8_keys
+from backends.kernels.indexer import QUERY_DTYPES, quantize_index_query
 
 
 def indexer_scores_ref(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
@@ -31,18 +37,33 @@ def indexer_scores_ref(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tenso
     return (s.clamp_min(0) * weights.float()[None, :]).sum(dim=1)
 
 
+def query_ref(q: torch.Tensor, query_dtype: str = "bf16") -> torch.Tensor:
+    """The query the logits are taken of, float32 ``[..., D]``: ``q`` itself (``"bf16"``) or its
+    per-(row, head) fp8 quantization dequantized (``"fp8"``: ``q_fp8 * scale``, exact)."""
+    if query_dtype not in QUERY_DTYPES:
+        raise ValueError(f"query_dtype must be one of {', '.join(map(repr, QUERY_DTYPES))}, "
+                         f"got {query_dtype!r}")
+    if query_dtype == "bf16":
+        return q.float()
+    q_fp8, scale = quantize_index_query(q)
+    return q_fp8.float() * scale[..., None]
+
+
 def indexer_logits_paged_ref(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor,
                              block_table: torch.Tensor, seq_lens: torch.Tensor,
-                             max_len: Optional[int] = None) -> torch.Tensor:
+                             max_len: Optional[int] = None,
+                             query_dtype: str = "bf16") -> torch.Tensor:
     """Reference of ``indexer_logits_paged``.
 
     Args:
         q: bf16 ``[B, H, D]``; weights: float32 ``[B, H]``;
         k_cache: uint8 fp8 pages ``[num_pages, P*(D+4)]`` or bf16 ``[num_pages, P, D]``;
-        block_table: int32 ``[B, max_pages]``; seq_lens: int32 ``[B]``.
+        block_table: int32 ``[B, max_pages]``; seq_lens: int32 ``[B]``;
+        query_dtype: ``"bf16"`` or ``"fp8"`` (``query_ref``).
     Returns:
         float32 ``[B, max_len]`` (default ``max(seq_lens)``), ``-inf`` at ``t >= seq_lens[b]``.
     """
+    q = query_ref(q, query_dtype)
     cache = IndexKeyCache.wrap(k_cache, q.shape[-1])
     lens = seq_lens.tolist()
     L = max(lens, default=0) if max_len is None else max_len
@@ -56,17 +77,20 @@ def indexer_logits_paged_ref(q: torch.Tensor, weights: torch.Tensor, k_cache: to
 def indexer_logits_ragged_ref(q: torch.Tensor, weights: torch.Tensor, k: torch.Tensor,
                               ks: torch.Tensor, ke: torch.Tensor,
                               k_scales: Optional[torch.Tensor] = None,
-                              max_len: Optional[int] = None) -> torch.Tensor:
+                              max_len: Optional[int] = None,
+                              query_dtype: str = "bf16") -> torch.Tensor:
     """Reference of ``indexer_logits_ragged``.
 
     Args:
         q: bf16 ``[M, H, D]``; weights: float32 ``[M, H]``;
         k: ``[N, D]`` bf16 keys, or uint8/float8_e4m3fn values with ``k_scales`` float32 ``[N]``;
-        ks, ke: int32 ``[M]`` key range ``[ks, ke)`` of each row.
+        ks, ke: int32 ``[M]`` key range ``[ks, ke)`` of each row;
+        query_dtype: ``"bf16"`` or ``"fp8"`` (``query_ref``).
     Returns:
         float32 ``[M, max_len]`` (default ``max(ke - ks)``); column ``j`` is key ``ks[r] + j``,
         ``-inf`` at ``j >= ke[r] - ks[r]``.
     """
+    q = query_ref(q, query_dtype)
     keys = k.float() if k_scales is None else dequantize_fp8_keys(k, k_scales)
     s, e = ks.tolist(), ke.tolist()
     lens = [b - a for a, b in zip(s, e)]

@@ -3,9 +3,9 @@ import pytest
 import torch
 
 from backends.kernels.indexer import (IndexerLaunch, indexer_logits_paged, indexer_logits_ragged,
-                                      validate_indexer_paged_inputs)
+                                      quantize_index_query, validate_indexer_paged_inputs)
 from backends.kernels.index_cache import IndexKeyCache, quantize_index_keys
-from harness.indexer_ref import indexer_logits_paged_ref, indexer_logits_ragged_ref
+from harness.indexer_ref import indexer_logits_paged_ref, indexer_logits_ragged_ref, query_ref
 
 
 def assert_logits_close(got, ref):
@@ -313,3 +313,169 @@ def test_tma_by_default_only_where_it_works():
         want = torch.cuda.get_device_capability(dev)[0] >= 9
         assert IndexerLaunch().use_tma(dev, supported=True) is want
         assert IndexerLaunch().use_tma(dev, supported=False) is False
+
+
+# ----------------------------------------------------------------------------------------------
+# fp8 query (query_dtype="fp8")
+# ----------------------------------------------------------------------------------------------
+
+
+def _spread_query(q, seed):
+    """``q`` with one head at zero, one at 1e-9 and one at 3e5 times its values, and a tenth of
+    the elements shrunk 1000x (they land on e4m3 subnormals or zero after scaling)."""
+    g = torch.Generator().manual_seed(seed)
+    x = q.float().cpu()
+    x[:, 0] = 0
+    x[:, 1] *= 1e-9
+    x[:, 2] *= 3e5
+    x = torch.where(torch.rand(x.shape, generator=g) < 0.1, x * 1e-3, x)
+    return x.to(torch.bfloat16).to(q.device)
+
+
+def test_quantize_index_query_rule(device):
+    """UE8M0 scales: a power of two s = 2^ceil(log2(amax / 448)) per (row, head), so amax / s
+    lies in (224, 448]; the values round to nearest even; an all-zero head gets s = 2^-42 (from
+    amax 1e-10) and zeros."""
+    q = _spread_query(torch.randn(3, 16, 32, generator=torch.Generator().manual_seed(1)), 2)
+    q = q.to(device)
+    q8, s = quantize_index_query(q)
+    assert q8.dtype == torch.float8_e4m3fn and q8.shape == q.shape
+    assert s.dtype == torch.float32 and s.shape == q.shape[:2]
+    mant, _ = torch.frexp(s)
+    assert bool((mant == 0.5).all())
+    amax = q.float().abs().amax(-1)
+    nz = amax > 0
+    assert bool((amax[nz] / s[nz] <= 448).all()) and bool((amax[nz] / s[nz] > 224).all())
+    assert bool((s[~nz] == 2.0 ** -42).all()) and bool((q8.float()[~nz] == 0).all())
+    expect = (q.float() / s[..., None]).to(torch.float8_e4m3fn)  # RNE, in range
+    assert torch.equal(q8.view(torch.uint8), expect.view(torch.uint8))
+    assert bool((q8.float().abs() < 2.0 ** -6).any())  # subnormals exercised
+    deq = query_ref(q, "fp8")
+    assert torch.equal(deq, q8.float() * s[..., None])
+    # at most half an e4m3 step: below 256 s (steps <= 16 s) that is 8 s < amax / 28; at or
+    # above (steps 32 s) 16 s <= amax / 16
+    rel = (deq - q.float()).abs() / amax[..., None].clamp_min(1e-30)
+    assert rel.max() <= 2.0 ** -4
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "bf16"])
+@pytest.mark.parametrize("P", [1, 16, 64])
+def test_paged_fp8_query_matches_reference(fmt, P, device):
+    """The fp8 query equals the fp8-query reference tightly (the in-kernel quantization is the
+    torch rule's, bit for bit); it is close to, not asserted equal to, the bf16 query's logits."""
+    lens = [37, 0, 150, 64, 1]
+    k_cache, bt, q, w, seq = make_paged(fmt, 5, 16, 32, P, lens, device, seed=40 + P)
+    q = _spread_query(q, P)
+    out = indexer_logits_paged(q, w, k_cache, bt, seq, query_dtype="fp8")
+    args = (q.cpu(), w.cpu(), k_cache.cpu(), bt.cpu(), seq.cpu())
+    ref = indexer_logits_paged_ref(*args, query_dtype="fp8")
+    assert_logits_close(out.cpu(), ref)
+    bf16 = indexer_logits_paged_ref(*args)
+    fin = torch.isfinite(ref)
+    assert (ref[fin] - bf16[fin]).abs().max() <= 0.1 * bf16[fin].abs().max()
+
+
+FP8_QUERY_LAUNCHES = {name: LAUNCH_VARIANTS[name] for name in (
+    "default_tok256", "prefetch_n32_tok128", "prefetch_scattered", "n128_w8_pages2",
+    "tma_tok256", "tma_prefetch_n128_w8")}
+
+
+@pytest.mark.parametrize("name", sorted(FP8_QUERY_LAUNCHES))
+@pytest.mark.parametrize("fmt", ["fp8", "bf16"])
+def test_paged_fp8_query_launch_variants(name, fmt, device):
+    """Pointer and TMA loads, one / two pages or per-token page reads per tile, prefetch, rows
+    ending mid-tile, an empty row: the fp8 query equals its reference under each."""
+    lens = [300, 0, 129, 64, 1]
+    k_cache, bt, q, w, seq = make_paged(fmt, 5, 16, 32, 64, lens, device, seed=51)
+    out = indexer_logits_paged(q, w, k_cache, bt, seq, max_len=320, query_dtype="fp8",
+                               launch=FP8_QUERY_LAUNCHES[name])
+    ref = indexer_logits_paged_ref(q.cpu(), w.cpu(), k_cache.cpu(), bt.cpu(), seq.cpu(),
+                                   max_len=320, query_dtype="fp8")
+    assert_logits_close(out.cpu(), ref)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "bf16"])
+def test_paged_fp8_query_tma_four_pages_per_tile(fmt, device):
+    lens = [150, 0, 37, 64]
+    k_cache, bt, q, w, seq = make_paged(fmt, 4, 16, 32, 16, lens, device, seed=53)
+    out = indexer_logits_paged(q, w, k_cache, bt, seq, max_len=200, query_dtype="fp8",
+                               launch=IndexerLaunch(tma=True, tokens_per_program=128))
+    ref = indexer_logits_paged_ref(q.cpu(), w.cpu(), k_cache.cpu(), bt.cpu(), seq.cpu(),
+                                   max_len=200, query_dtype="fp8")
+    assert_logits_close(out.cpu(), ref)
+
+
+def test_paged_fp8_query_dsv32_heads(device):
+    """64 heads x 128 dims, fp8 keys, page 64 (the bench's shape)."""
+    k_cache, bt, q, w, seq = make_paged("fp8", 2, 64, 128, 64, [200, 77], device, seed=57)
+    out = indexer_logits_paged(q, w, k_cache, bt, seq, max_len=260, query_dtype="fp8")
+    ref = indexer_logits_paged_ref(q.cpu(), w.cpu(), k_cache.cpu(), bt.cpu(), seq.cpu(),
+                                   max_len=260, query_dtype="fp8")
+    assert_logits_close(out.cpu(), ref)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "bf16"])
+@pytest.mark.parametrize("tma", [False, True])
+def test_ragged_fp8_query_matches_reference(fmt, tma, device):
+    q, w, k, ks, ke, sc = _ragged_problem(fmt, device, seed=59)
+    q = _spread_query(q, 3)
+    launch = IndexerLaunch(block_n=16, tokens_per_program=64, prefetch=True, tma=tma)
+    out = indexer_logits_ragged(q, w, k, ks, ke, k_scales=sc, query_dtype="fp8", launch=launch)
+    ref = indexer_logits_ragged_ref(q.cpu(), w.cpu(), k.cpu(), ks.cpu(), ke.cpu(),
+                                    None if sc is None else sc.cpu(), query_dtype="fp8")
+    assert_logits_close(out.cpu(), ref)
+
+
+def test_query_dtype_validation(device):
+    k_cache, bt, q, w, seq = make_paged("fp8", 2, 16, 32, 16, [20, 30], device, seed=61)
+    for bad in ("fp16", "FP8", None, torch.float8_e4m3fn):
+        with pytest.raises(ValueError, match="query_dtype must be one of 'bf16', 'fp8'"):
+            indexer_logits_paged(q, w, k_cache, bt, seq, query_dtype=bad)
+    qr, wr, k, ks, ke, sc = _ragged_problem("fp8", device, seed=62)
+    with pytest.raises(ValueError, match="query_dtype must be one of 'bf16', 'fp8', got 'e4m3'"):
+        indexer_logits_ragged(qr, wr, k, ks, ke, k_scales=sc, query_dtype="e4m3")
+    with pytest.raises(ValueError, match="query_dtype must be one of 'bf16', 'fp8'"):
+        indexer_logits_paged_ref(q, w, k_cache, bt, seq, query_dtype="int8")
+
+
+def _fp8_cache_of(vals: torch.Tensor, P: int) -> torch.Tensor:
+    """fp8 index-key pages ``uint8 [T / P, P * (D + 4)]`` holding the float8 values ``vals``
+    ``[T, D]`` (exactly representable) with every scale 1.0."""
+    T, D = vals.shape
+    v = vals.to(torch.float8_e4m3fn).view(torch.uint8).view(T // P, P * D)
+    s = torch.ones(T // P, P, dtype=torch.float32).view(torch.uint8).view(T // P, P * 4)
+    return torch.cat([v, s], dim=1).contiguous()
+
+
+def test_fp8_query_identity_keys_exact(device):
+    """Keys +-e_j (token 2j: +e_j, 2j+1: -e_j; scale 1) and one-hot head weights (row b keeps
+    head b) make every logit one quantized query element times its scale, with no rounding
+    anywhere (also not in the GPU's fp8 accumulation): the kernel's quantization (the GPU's
+    cast, or the interpreter's rounding) equals ``quantize_index_query`` element for element."""
+    H, D, P = 64, 128, 64
+    eye = torch.eye(D)
+    k_cache = _fp8_cache_of(torch.stack([eye, -eye], dim=1).reshape(2 * D, D), P).to(device)
+    q = _spread_query(torch.randn(H, H, D, generator=torch.Generator().manual_seed(71)), 72)
+    q, w = q.to(device), torch.eye(H, device=device)
+    bt = torch.arange(2 * D // P, dtype=torch.int32, device=device).repeat(H, 1)
+    seq = torch.full((H,), 2 * D, dtype=torch.int32, device=device)
+    out = indexer_logits_paged(q, w, k_cache, bt, seq, query_dtype="fp8")
+    q8, s = quantize_index_query(q)
+    expect = (q8.float() * s[..., None])[torch.arange(H), torch.arange(H)]  # [B, D]: row b, head b
+    expect = torch.stack([expect, -expect], dim=2).reshape(H, 2 * D).clamp_min(0)
+    assert torch.equal(out, expect)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ctx", [2048, 32768])
+def test_gpu_dsv32_paged_fp8_query(ctx):
+    """Random data on the GPU: Hopper's fp8 MMA accumulates with ~14 bits (DeepSeek-V3 report),
+    hence the bench's FP8_QUERY_TOL instead of 1e-5."""
+    from harness.bench.indexer import FP8_QUERY_TOL
+    lens = [ctx, ctx // 3 + 5, 1, 0]
+    k_cache, bt, q, w, seq = make_paged("fp8", 4, 64, 128, 64, lens, "cuda", seed=ctx + 1)
+    out = indexer_logits_paged(q, w, k_cache, bt, seq, query_dtype="fp8")
+    ref = indexer_logits_paged_ref(q, w, k_cache, bt, seq, query_dtype="fp8")
+    fin = torch.isfinite(ref)
+    assert torch.equal(fin, torch.isfinite(out))
+    assert (out[fin] - ref[fin]).abs().max().item() <= FP8_QUERY_TOL * ref[fin].abs().max().item()

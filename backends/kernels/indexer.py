@@ -27,6 +27,22 @@ head sum). The bf16 query is brought to float16 exactly by scaling each head by 
 of two (so its largest element is in [2^14, 2^15)); the inverse power of two goes into that
 head's weight. Since ``relu(c*x) = c*relu(x)`` for ``c > 0``, the per-token key scale is applied
 once per token after the head sum. The same code runs on the GPU and in the Triton interpreter.
+
+Query precision (``query_dtype``, a semantic option: it changes the logits slightly):
+
+* ``"bf16"`` (default): the exact bf16 query as above; the fp8 keys are converted in registers
+  and the MMA is float16 x float16.
+* ``"fp8"``: what upstream serves DeepSeek-V3.2 with (vLLM's indexer quantizes the query per
+  token and head, group 128 = the head dim, with power-of-two "ue8m0" scales, folds the scale
+  into the head weights, and DeepGEMM's ``fp8_paged_mqa_logits`` runs an fp8 x fp8 wgmma): each
+  program quantizes its row's query by ``quantize_index_query``'s rule in registers (no extra
+  launch), folds the scale into the head weight, and the MMA is float8e4nv x float8e4nv with
+  float32 accumulation on the fp8 keys as read (no conversion; with TMA straight from shared
+  memory). With bf16 keys the fp8 query is widened to float16 (exact) and the bf16 key path
+  is unchanged. On sm_90 Triton's default for fp8 dots (``max_num_imprecise_acc`` 2^30) keeps
+  the tensor core's fp8 accumulation over the 128-wide dot, as DeepGEMM does. The GPU's float8
+  cast rounds to nearest even; the interpreter's truncates, so on CPU launches the kernel
+  rounds first (``ROUND_FP8``): the one place the two runs take different code.
 """
 from __future__ import annotations
 
@@ -40,6 +56,12 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 _SCALE_BYTES = 4
+#: largest finite float8_e4m3fn value
+_FP8_MAX = 448.0
+#: smallest query-head amax a scale is taken from (upstream's eps): all-zero heads stay finite
+_Q_AMAX_EPS = 1e-10
+#: the query precisions of ``query_dtype``
+QUERY_DTYPES = ("bf16", "fp8")
 
 
 def _is_pow2(x: int) -> bool:
@@ -71,6 +93,35 @@ def _pow2_to_f16(x, axis: tl.constexpr):
     mul = (e_mul << 23).to(tl.float32, bitcast=True)
     inv = ((254 - e_mul) << 23).to(tl.float32, bitcast=True)
     return (x * tl.expand_dims(mul, axis)).to(tl.float16), inv
+
+
+@triton.jit
+def _fp8_ue8m0(x, axis: tl.constexpr, ROUND: tl.constexpr):
+    """float32 ``x`` -> ``(x / s_i as float8e4nv, s_i)`` per slice ``i`` along ``axis``.
+
+    ``s_i = 2^ceil(log2(max(amax_i, 1e-10) / 448))`` (``quantize_index_query``'s rule), taken
+    exactly from amax's exponent and mantissa: ``amax = m 2^E`` with ``m`` in [1, 2) gives
+    ``amax / 448 = (m / 7) 2^(E - 6)``, so ``s = 2^(E - 8)`` for ``m <= 1.75``, else ``2^(E - 7)``.
+    ``x / s_i`` is then exact (a power of two) and at most 448 in magnitude; the GPU's float8
+    cast rounds it to nearest even. ROUND (for the Triton interpreter, whose float8 casts
+    truncate): round to the e4m3 grid (3 mantissa bits; steps of 2^-9 below 2^-6) to nearest
+    even first, in float32 arithmetic: adding and subtracting a power of two whose float32
+    spacing is that grid's step, so the cast is exact.
+    """
+    amax = tl.maximum(tl.max(tl.abs(x), axis=axis), 1e-10)
+    bits = amax.to(tl.int32, bitcast=True)
+    e_s = (bits >> 23) - 8 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)  # biased exponent of s
+    scale = (e_s << 23).to(tl.float32, bitcast=True)
+    inv = ((254 - e_s) << 23).to(tl.float32, bitcast=True)
+    xs = x * tl.expand_dims(inv, axis)
+    if ROUND:
+        a = tl.abs(xs)
+        # 2^max(floor(log2 a), -6), then 2^20 times it: its float32 step is e4m3's at a
+        e = tl.maximum(a.to(tl.int32, bitcast=True) & 0x7F800000, 121 << 23)
+        c = (e + (20 << 23)).to(tl.float32, bitcast=True)
+        r = (a + c) - c
+        xs = tl.where(xs < 0, -r, r)
+    return xs.to(tl.float8e4nv), scale
 
 
 @triton.jit
@@ -141,7 +192,8 @@ def _indexer_logits_kernel(
         stride_om, max_len, tiles_per_prog,
         H: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
         KV_FP8: tl.constexpr, PAGED: tl.constexpr, PAGES_PER_TILE: tl.constexpr,
-        PREFETCH: tl.constexpr, TMA: tl.constexpr):
+        PREFETCH: tl.constexpr, TMA: tl.constexpr, Q_FP8: tl.constexpr,
+        ROUND_FP8: tl.constexpr):
     """Logits of one query row for ``tiles_per_prog`` tiles of ``BLOCK_N`` tokens.
 
     PAGED: key of token t at page ``bt[row, t // PAGE]``, in-page slot ``t % PAGE``; fp8 values at
@@ -155,6 +207,12 @@ def _indexer_logits_kernel(
     the tile instead of per-thread loads; ``k_ptr`` unused): paged, ``_tma_tile`` over the
     ``[pages, PAGE, D]`` key view (PAGES_PER_TILE 1, 2 or 4); ragged, a ``[BLOCK_N, D]`` box
     at row ``start + t0`` of ``[N, D]`` (rows past N read as zero). Rows past the length are read too; their logits are replaced by -inf.
+
+    Q_FP8: the query ``[H, D]`` is quantized to float8e4nv per head (``_fp8_ue8m0``), its scale
+    folded into the head weight; with fp8 keys the dot is fp8 x fp8 (float32 accumulation) on
+    the keys as loaded, with bf16 keys the fp8 query is widened to float16. Else the bf16 query
+    is brought to float16 exactly (``_pow2_to_f16``). ROUND_FP8: ``_fp8_ue8m0``'s ROUND (CPU
+    launches, the interpreter; the GPU's cast rounds by itself).
 
     PREFETCH (fp8 keys; no effect on bf16): the fp8 scales are read one tile ahead (their
     block-table entries, read separately, two tiles ahead) and carried in registers, so their
@@ -182,9 +240,17 @@ def _indexer_logits_kernel(
         q = tl.load(q_ptr + row.to(tl.int64) * stride_qm + offs_h[:, None] * stride_qh
                     + offs_d[None, :]).to(tl.float32)
         w = tl.load(w_ptr + row.to(tl.int64) * stride_wm + offs_h)
-        qt, q_inv = _pow2_to_f16(q, 1)
-        qt = tl.trans(qt)  # [D, H] float16
-        w = w * q_inv
+        if Q_FP8:
+            q8, q_scale = _fp8_ue8m0(q, 1, ROUND_FP8)
+            w = w * q_scale
+            if KV_FP8:
+                qt = tl.trans(q8)  # [D, H] float8e4nv
+            else:
+                qt = tl.trans(q8.to(tl.float16))  # [D, H] float16, exact
+        else:
+            qt, q_inv = _pow2_to_f16(q, 1)
+            qt = tl.trans(qt)  # [D, H] float16
+            w = w * q_inv
         if PREFETCH and KV_FP8:
             # fp8 scales one tile ahead, their block-table entries two tiles ahead (own reads)
             page0 = 0
@@ -226,10 +292,10 @@ def _indexer_logits_kernel(
                 else:
                     k_off = (start + t).to(tl.int64) * stride_kn
                 k = tl.load(k_ptr + k_off[:, None] + offs_d[None, :], mask=valid[:, None])
-            if KV_FP8:
-                k = k.to(tl.float16)  # float8e4nv -> float16, exact
-            else:
+            if not KV_FP8:
                 k, k_inv = _pow2_to_f16(k.to(tl.float32), 1)
+            elif not Q_FP8:
+                k = k.to(tl.float16)  # float8e4nv -> float16, exact
             s = tl.dot(k, qt)  # [BLOCK_N, H] float32
             logit = tl.sum(tl.maximum(s, 0.0) * w[None, :], axis=1)
             if KV_FP8:
@@ -245,6 +311,43 @@ def _indexer_logits_kernel(
     for i in range(n_valid_tiles, tiles_per_prog):
         t = t_begin + i * BLOCK_N + offs_n
         tl.store(out_row + t, neg, mask=t < max_len)
+
+
+# ----------------------------------------------------------------------------------------------
+# Query quantization (query_dtype="fp8")
+# ----------------------------------------------------------------------------------------------
+
+
+def quantize_index_query(q: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """fp8 index queries, one scale per (row, head): the rule of ``query_dtype="fp8"``.
+
+    Upstream's (vLLM's DeepSeek-V3.2 indexer: ``per_token_group_quant_fp8`` over groups of the
+    whole head dim with ``use_ue8m0``): ``s = 2^ceil(log2(max(amax, 1e-10) / 448))`` with
+    ``amax`` the head's largest magnitude (a power of two, so ``q / s`` is exact and at most 448
+    in magnitude), ``q_fp8 = float8_e4m3fn(clamp(q / s, -448, 448))`` rounded to nearest even.
+    The kernel computes the same in registers (``_fp8_ue8m0``); this is its specification, used
+    by the reference and the tests. Runs on any device.
+
+    Args:
+        q: float ``[..., D]`` (bfloat16 ``[rows, H, D]`` for the kernels).
+    Returns:
+        ``(q_fp8, scale)``: float8_e4m3fn ``[..., D]`` and float32 ``[...]``;
+        ``q_fp8.float() * scale[..., None]`` is the quantized query.
+    """
+    x = q.float()
+    amax = x.abs().amax(dim=-1).clamp_min(_Q_AMAX_EPS)
+    m, e = torch.frexp(amax.double() / _FP8_MAX)  # amax / 448 = m 2^e, m in [0.5, 1), exact
+    scale = torch.ldexp(torch.ones_like(m), e - (m == 0.5).to(e.dtype)).float()
+    q_fp8 = (x / scale[..., None]).clamp(-_FP8_MAX, _FP8_MAX).to(torch.float8_e4m3fn)
+    return q_fp8, scale
+
+
+def _check_query_dtype(query_dtype: str) -> bool:
+    """Whether ``query_dtype`` asks for the fp8 query; ValueError unless one of QUERY_DTYPES."""
+    if not isinstance(query_dtype, str) or query_dtype not in QUERY_DTYPES:
+        raise ValueError(f"query_dtype must be one of {', '.join(map(repr, QUERY_DTYPES))}, "
+                         f"got {query_dtype!r}")
+    return query_dtype == "fp8"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -498,7 +601,7 @@ def _key_descriptor(keys: torch.Tensor, shape, strides, block_shape) -> TensorDe
 def indexer_logits_paged(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor,
                          block_table: torch.Tensor, seq_lens: torch.Tensor, *,
                          max_len: Optional[int] = None, out: Optional[torch.Tensor] = None,
-                         check: bool = False,
+                         check: bool = False, query_dtype: str = "bf16",
                          launch: IndexerLaunch = IndexerLaunch()) -> torch.Tensor:
     """Indexer logits of one decode query per request over its paged index keys.
 
@@ -512,11 +615,15 @@ def indexer_logits_paged(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.
         max_len: output width, ``>= max(seq_lens)`` (default: ``max(seq_lens)``, a host sync).
         out: optional float32 ``[B, max_len]`` output.
         check: run ``validate_indexer_paged_inputs`` first (device sync).
+        query_dtype: ``"bf16"`` (default): the query as given; ``"fp8"``: the query quantized
+            per (row, head) by ``quantize_index_query`` (upstream's indexer numerics; module
+            docstring), the fp8 keys taken by the MMA as they are.
         launch: the kernel's launch configuration.
     Returns:
         float32 ``[B, max_len]``: ``logits[b, t] = sum_h w[b,h] relu(q[b,h] . k_t)`` for
-        ``t < seq_lens[b]``, ``-inf`` after.
+        ``t < seq_lens[b]``, ``-inf`` after (``q`` the quantized query with ``"fp8"``).
     """
+    q_fp8 = _check_query_dtype(query_dtype)
     B, H, D = _check_q_w(q, weights)
     is_fp8, P = paged_cache_geometry(k_cache, D)
     dev = q.device
@@ -561,8 +668,8 @@ def indexer_logits_paged(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.
         q.stride(0), q.stride(1), weights.stride(0), block_table.stride(0),
         stride_kpage, stride_spage, D, out.stride(0), max_len, per_prog,
         H=H, D=D, PAGE=P, BLOCK_N=launch.block_n, KV_FP8=is_fp8, PAGED=True,
-        PAGES_PER_TILE=pages_per_tile, PREFETCH=launch.prefetch, TMA=tma,
-        **launch.options())
+        PAGES_PER_TILE=pages_per_tile, PREFETCH=launch.prefetch, TMA=tma, Q_FP8=q_fp8,
+        ROUND_FP8=dev.type != "cuda", **launch.options())
     return out
 
 
@@ -570,6 +677,7 @@ def indexer_logits_ragged(q: torch.Tensor, weights: torch.Tensor, k: torch.Tenso
                           ks: torch.Tensor, ke: torch.Tensor, *,
                           k_scales: Optional[torch.Tensor] = None, max_len: Optional[int] = None,
                           out: Optional[torch.Tensor] = None, check: bool = False,
+                          query_dtype: str = "bf16",
                           launch: IndexerLaunch = IndexerLaunch()) -> torch.Tensor:
     """Indexer logits of extend queries over a concatenated key buffer (causal ranges).
 
@@ -581,11 +689,13 @@ def indexer_logits_ragged(q: torch.Tensor, weights: torch.Tensor, k: torch.Tenso
         max_len: output width ``>= max(ke - ks)`` (default: that maximum, a host sync).
         out: optional float32 ``[M, max_len]`` output.
         check: run ``validate_indexer_ragged_inputs`` first (device sync).
+        query_dtype: ``"bf16"`` or ``"fp8"``, as for ``indexer_logits_paged``.
         launch: the kernel's launch configuration (``tile_in_page`` does not apply).
     Returns:
         float32 ``[M, max_len]``; column ``j`` holds key ``ks[r] + j``; ``-inf`` for
         ``j >= ke[r] - ks[r]``.
     """
+    q_fp8 = _check_query_dtype(query_dtype)
     M, H, D = _check_q_w(q, weights)
     dev = q.device
     if not isinstance(k, torch.Tensor) or k.dim() != 2 or k.shape[1] != D or k.device != dev:
@@ -625,7 +735,8 @@ def indexer_logits_ragged(q: torch.Tensor, weights: torch.Tensor, k: torch.Tenso
         q.stride(0), q.stride(1), weights.stride(0), 0, 0, 0, k.stride(0), out.stride(0),
         max_len, per_prog,
         H=H, D=D, PAGE=1, BLOCK_N=launch.block_n, KV_FP8=is_fp8, PAGED=False,
-        PAGES_PER_TILE=0, PREFETCH=launch.prefetch, TMA=tma, **launch.options())
+        PAGES_PER_TILE=0, PREFETCH=launch.prefetch, TMA=tma, Q_FP8=q_fp8,
+        ROUND_FP8=dev.type != "cuda", **launch.options())
     return out
 
 

@@ -19,11 +19,14 @@ Every row is timed as the Python call and, on the GPU, as a CUDA-graph replay (`
 contexts >= 32K (with ``--quick``: the largest) plus bf16 index keys at the first of them, and
 ``TopkLaunch`` ones at the top-k contexts.
 
-``--variants`` (issue #13) is the comparison run instead: every ``INDEXER_VARIANTS`` entry at
-every context and every ``TOPK_VARIANTS`` entry beside ``torch.topk`` at the top-k contexts,
-each checked as above before it is timed, as CUDA-graph replays only (the Python call on the
-CPU), without the plan / transform / bf16 rows; it prints a compact summary (context, what,
-variant, us, GB/s or speed-up over torch.topk, % of the copy ceiling) before the full table.
+``--variants`` (issue #13) is the comparison run instead: every ``INDEXER_VARIANTS`` entry and
+every ``FP8_QUERY_VARIANTS`` entry (the same kernel with ``query_dtype="fp8"``: upstream's fp8
+query, checked against the fp8-query reference within ``FP8_QUERY_TOL``; ``launch_config``
+records ``query_dtype``) at every context and every ``TOPK_VARIANTS`` entry beside
+``torch.topk`` at the top-k contexts, each checked as above before it is timed, as CUDA-graph
+replays only (the Python call on the CPU), without the plan / transform / bf16 rows; it prints
+a compact summary (context, what, variant, us, GB/s or speed-up over torch.topk, % of the copy
+ceiling) before the full table.
 Counting convention: an indexer row's GB/s counts only the index-key bytes read (132 B per
 token); the copy ceiling counts read + write of a 1 GiB device copy, so "% of the ceiling"
 compares a read-only stream with a read+write one (the logits written, 4 B per token, are not
@@ -80,6 +83,24 @@ INDEXER_VARIANTS: Dict[str, IndexerLaunch] = {
     "tma_tpp4096": IndexerLaunch(tma=True, tokens_per_program=4096),
     "tma_tpp8192": IndexerLaunch(tma=True, tokens_per_program=8192),
 }
+#: issue #13: the fp8 query (``indexer_logits_paged(query_dtype="fp8")``: no fp8 -> float16
+#: conversion of the keys; an fp8 x fp8 MMA on the keys as loaded), timed by --variants only.
+#: Compiled for sm_90a by Triton 3.6 (results/h200-2026-12-03c/scripts/compile_indexer.py; B=64,
+#: page 64, TMA): the main loop per warp and tile 272 SASS instructions with the bf16 query (32
+#: LDS.U16 + 32 F2FP.F16.E4M3 feeding 8 HGMMA.64x64x16 from registers) and 212 with the fp8
+#: query (4 QGMMA.64x64x32.E4M3 with both operands in shared memory); 104 -> 64 registers, so
+#: 8 programs fit an SM by registers (6 by shared memory at 4 / 5 stages: 24.8 / 33 KB, 8 at 4).
+#: The stages4_pps8 launches put 8 programs on each SM (2048-token programs at 32K: all 1024 at
+#: once), twice the key tiles in flight of the default's 4.
+FP8_QUERY_VARIANTS: Dict[str, IndexerLaunch] = {
+    "q_fp8": IndexerLaunch(),
+    "q_fp8_prefetch": IndexerLaunch(prefetch=True),
+    "q_fp8_stages7": IndexerLaunch(num_stages=7),
+    "q_fp8_tpp2048": IndexerLaunch(tokens_per_program=2048),
+    "q_fp8_stages4_tpp2048": IndexerLaunch(num_stages=4, tokens_per_program=2048),
+    "q_fp8_stages4_pps8": IndexerLaunch(num_stages=4, programs_per_sm=8),
+    "q_fp8_pointer_loads": IndexerLaunch(tma=False),
+}
 #: top-k launch variants timed with --tune (the default: the windowed sample threshold)
 TOPK_VARIANTS: Dict[str, TopkLaunch] = {
     "default": TopkLaunch(),
@@ -132,10 +153,20 @@ TOPK_VARIANTS: Dict[str, TopkLaunch] = {
 #: --tune sweeps the indexer variants at contexts from this length on
 TUNE_MIN_CONTEXT = 32768
 INDEXER_TOL = 1e-4
+#: max |err| / max |ref| of the fp8-query rows against the fp8-query reference: on the CPU the
+#: math is exact to ~1e-7, but Hopper's fp8 MMA accumulates with ~14 bits (DeepSeek-V3 report,
+#: section 3.5.2; DeepGEMM and Triton's sm_90 default keep it over the 128-wide dot): a model of
+#: it gives 5e-4 .. 1.5e-3 at the bench's size (results/h200-2026-12-03c/scripts/
+#: fp8_accumulation_sim.py); the bf16 query's logits differ from the fp8 query's by ~5e-2
+FP8_QUERY_TOL = 5e-3
 
 
-def _launch(name: str, launch) -> Dict[str, str]:
-    return {"variant": name, "launch_config": json.dumps(dataclasses.asdict(launch))}
+def _launch(name: str, launch, query_dtype: str = "bf16") -> Dict[str, str]:
+    """The row's ``variant`` and ``launch_config`` (``query_dtype`` added when not bf16)."""
+    config = dataclasses.asdict(launch)
+    if query_dtype != "bf16":
+        config["query_dtype"] = query_dtype
+    return {"variant": name, "launch_config": json.dumps(config)}
 
 
 def build_problem(B: int, ctx: int, H: int, D: int, page: int, device: torch.device,
@@ -157,18 +188,20 @@ def build_problem(B: int, ctx: int, H: int, D: int, page: int, device: torch.dev
     return cache, block_table, q, w, seq_lens
 
 
-def check_indexer(out, q, w, cache, bt, lens) -> Check:
-    """Rows 0, B/2, B-1 of ``out`` against the reference: max |error| / max |ref|."""
+def check_indexer(out, q, w, cache, bt, lens, query_dtype: str = "bf16") -> Check:
+    """Rows 0, B/2, B-1 of ``out`` against the reference of the same ``query_dtype``:
+    max |error| / max |ref| within INDEXER_TOL (bf16) or FP8_QUERY_TOL (fp8)."""
+    tol = FP8_QUERY_TOL if query_dtype == "fp8" else INDEXER_TOL
     B = q.shape[0]
     idx = torch.tensor(sorted({0, B // 2, B - 1}), device=q.device)
     ref = indexer_logits_paged_ref(q[idx], w[idx], cache.data, bt[idx], lens[idx],
-                                   max_len=out.shape[1])
+                                   max_len=out.shape[1], query_dtype=query_dtype)
     got = out[idx]
     fin = torch.isfinite(ref)
     if not torch.equal(fin, torch.isfinite(got)):
-        return Check(float("nan"), INDEXER_TOL, mismatch="-inf pattern differs from the reference")
+        return Check(float("nan"), tol, mismatch="-inf pattern differs from the reference")
     err = (got[fin] - ref[fin]).abs().max().item() / max(ref[fin].abs().max().item(), 1e-30)
-    return Check(err, INDEXER_TOL)
+    return Check(err, tol)
 
 
 def topk_error(pos: torch.Tensor, logits: torch.Tensor, lens: torch.Tensor, k: int) -> str:
@@ -292,11 +325,13 @@ def variants_run(run: BenchRun, a: argparse.Namespace) -> None:
         cols = {"kernel": "indexer_logits_paged", "kv_dtype": "fp8", "batch_size": B,
                 "context_len": ctx, "num_heads": H, "head_dim": D, "page_size": P,
                 "bytes_hbm_read": B * ctx * cache.bytes_per_token}
-        for name, launch in INDEXER_VARIANTS.items():
+        variants = [(n, v, "bf16") for n, v in INDEXER_VARIANTS.items()]
+        variants += [(n, v, "fp8") for n, v in FP8_QUERY_VARIANTS.items()]
+        for name, launch, qd in variants:
             run.measure(lambda: indexer_logits_paged(q, w, cache.data, bt, lens, max_len=ctx,
-                                                     launch=launch),
-                        check=lambda out: check_indexer(out, q, w, cache, bt, lens),
-                        graph=graph, **cols, **_launch(name, launch))
+                                                     query_dtype=qd, launch=launch),
+                        check=lambda out: check_indexer(out, q, w, cache, bt, lens, qd),
+                        graph=graph, **cols, **_launch(name, launch, qd))
         if ctx in a.topk_contexts:
             logits = indexer_logits_paged(q, w, cache.data, bt, lens, max_len=ctx)
             del cache, q, w
