@@ -72,7 +72,8 @@ import triton
 
 from backends.copy_engines import COPY_ENGINES, make_copy_engine
 from backends.host_memory import HOST_ALLOCS, HostRows, copy_pool_rows
-from backends.kernels.swap_in import (COUNT_FIELDS, MAX_TOP_K, NUM_COUNT_FIELDS, ResolveLaunch,
+from backends.kernels.swap_in import (COUNT_FIELDS, MAX_TOP_K, NUM_COUNT_FIELDS,
+                                      PTX_SCATTER_MODES, ResolveLaunch,
                                       next_pow2, resolve_scratch_width, resolve_swap_in_kernel)
 
 LOAD_GRANULARITIES = ("token", "page")
@@ -368,7 +369,8 @@ class HiSparseCoordinator:
         self.block_c, self.resolve_warps = launch.resolved(self.k_pad, self.hot_units,
                                                            self.upstream)
         # inline PTX only where it runs: a CUDA launch (the interpreter takes tl.store)
-        self.resolve_ptx_scatter = launch.ptx_scatter and self.device.type == "cuda"
+        self.resolve_ptx_scatter = (PTX_SCATTER_MODES[launch.ptx_scatter]
+                                    if self.device.type == "cuda" else 0)
 
     def set_copy_engine(self, copy_engine: str, rows_per_program: Optional[int] = None,
                         pdl: Optional[bool] = None) -> None:

@@ -14,7 +14,7 @@ import torch
 
 from backends.hisparse_coordinator import (HiSparseCoordinator, HiSparseOOMError,
                                            find_page_overflow, validate_selection)
-from backends.kernels.swap_in import ResolveLaunch
+from backends.kernels.swap_in import PTX_SCATTER_MODES, ResolveLaunch
 from harness.lru_model import CoordinatorModel
 
 
@@ -187,8 +187,8 @@ def test_raw_selections_against_model(gran, order, launch):
     assert (n_over > 0) == (gran == "page")
 
 
-@pytest.mark.parametrize("ptx_scatter,pdl", [(False, False), (True, False), (False, True),
-                                             (True, True)])
+@pytest.mark.parametrize("ptx_scatter,pdl", [("none", False), ("misses", False), ("all", False),
+                                             ("none", True), ("misses", True), ("all", True)])
 def test_launch_options_against_model(ptx_scatter, pdl):
     """The resolve's scattered stores (``tl.store`` / inline PTX) and the copy's launch (plain /
     programmatic dependent): all-hit, mixed and all-miss steps of distinct positions on fresh
@@ -199,7 +199,7 @@ def test_launch_options_against_model(ptx_scatter, pdl):
     rig.c.set_resolve_launch(ResolveLaunch(ptx_scatter=ptx_scatter))
     rig.c.set_copy_engine("uva_kernel", pdl=pdl)
     cuda = rig.device.type == "cuda"
-    assert rig.c.resolve_ptx_scatter == (ptx_scatter and cuda)
+    assert rig.c.resolve_ptx_scatter == (PTX_SCATTER_MODES[ptx_scatter] if cuda else 0)
     assert rig.c.engine.pdl == pdl
     reqs, lens = [2, 0, 1], [90, 120, 150]
     rig.prefill(reqs, lens)
@@ -221,12 +221,13 @@ def test_launch_options_against_model(ptx_scatter, pdl):
 
 
 def test_launch_option_validation():
-    assert ResolveLaunch().ptx_scatter is True
-    with pytest.raises(ValueError, match="ptx_scatter"):
-        ResolveLaunch(ptx_scatter=1)
+    assert ResolveLaunch().ptx_scatter == "misses"
+    for bad in (1, True, "some"):
+        with pytest.raises(ValueError, match="ptx_scatter must be one of .*none.*misses.*all"):
+            ResolveLaunch(ptx_scatter=bad)
     c = HiSparseCoordinator(num_layers=1, max_requests=1, max_seq_len=64, row_bytes=8, top_k=8,
                             device="cpu")
-    assert c.resolve_ptx_scatter is False and c.engine.pdl is False     # the interpreter
+    assert c.resolve_ptx_scatter == 0 and c.engine.pdl is False     # the interpreter
     c.set_copy_engine("uva_kernel", pdl=True)
     assert c.engine.pdl is True
 

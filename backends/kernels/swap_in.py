@@ -41,8 +41,14 @@ Scattered stores (``PTX_SCATTER``, upstream order): Triton gives a store whose a
 contiguous a one-element-per-thread layout and converts the pointers, values and masks into it
 through shared memory (one barrier-separated round each), while the resolve computes in
 four-element vectors (its loads are vectorised); ``scatter_store`` issues each element's
-``st.global`` by inline PTX in the layout the values already have. On for CUDA launches
-(``ResolveLaunch.ptx_scatter``); the Triton interpreter runs no PTX and takes ``tl.store``.
+``st.global`` by inline PTX in the layout the values already have. ``ResolveLaunch.ptx_scatter``
+(``PTX_SCATTER_MODES``) says which stores: ``misses`` (the default on CUDA: the stores only a
+call with misses makes: evictable list, slot map, plan), ``all`` (also the stamps and the new
+LRU order, which every call makes) or ``none``. Measured on the H200 (2026-12-03, B64 / B1,
+top_k 2048, 4096 hot slots): PTX on every store makes an all-miss call 3.8 us faster and the
+85 % overlap steady state 5.4 us, but an all-hit call at B64 1.1 us slower (the resolve alone
+18.6 against 17.2 us; at B1 15.2 against 16.0). The Triton interpreter runs no PTX and takes
+``tl.store``.
 
 Programmatic dependent launch (``LAUNCH_DEPENDENTS``): the resolve lets the next kernel in the
 stream (the copy, launched with ``launch_pdl``, which waits for the resolve's writes with
@@ -247,10 +253,11 @@ def resolve_upstream_order(
     slot_unit_ptr, lru_ptr, host_page_row_ptr, plan, scr,
     K, C, D, MAX_MISSES, N_UNITS,
     UNIT: tl.constexpr, PAGE: tl.constexpr, K_PAD: tl.constexpr, BLOCK_C: tl.constexpr,
-    PTX_SCATTER: tl.constexpr = False,
+    PTX_SCATTER: tl.constexpr = 0,
 ):
     """``resolve_hot_selection`` in the ``upstream`` order (two-way stamps, no sort; same
-    arguments and results; ``PTX_SCATTER``: scattered stores by inline PTX, ``scatter_store``).
+    arguments and results; ``PTX_SCATTER``: which scattered stores go by inline PTX,
+    ``scatter_store``: 0 none, 1 the miss path's, 2 all).
     The hot buffer's ``[C]`` rows (LRU order and slot -> unit) are held in registers (``BLOCK_C >= C``) and joined with the selection by ``tl.gather``, so an
     all-hit call reads global memory twice in a chain: its inputs, then the stamp table."""
     s_evict = scr                      # [C] evictable slots by rank (only when a unit missed)
@@ -274,8 +281,8 @@ def resolve_upstream_order(
     # ---- 2. stamps both ways: unit -> its first entry, unit -> the slot holding it ---------
     # Stale values (earlier calls, other layers or requests) are recognised below (the entry's
     # unit, the slot's unit), so the table is never cleared.
-    scatter_store(s_tab + 2 * unit, offs, live, PTX_SCATTER)
-    scatter_store(s_tab + 2 * slot_u + 1, lane, held_s, PTX_SCATTER)
+    scatter_store(s_tab + 2 * unit, offs, live, PTX_SCATTER >= 2)
+    scatter_store(s_tab + 2 * slot_u + 1, lane, held_s, PTX_SCATTER >= 2)
     tl.debug_barrier()
     rep = tl.load(s_tab + 2 * unit, mask=live, other=-1, cache_modifier=".cg")
     cand = tl.load(s_tab + 2 * unit + 1, mask=live, other=-1, cache_modifier=".cg")
@@ -325,16 +332,16 @@ def resolve_upstream_order(
     miss_slot = offs * 0
     if n_miss > 0:
         miss_rank = tl.cumsum(is_miss.to(tl.int32), axis=0) - 1
-        scatter_store(s_evict + ev_rank, walk_slot, ev & (ev_rank < n_miss), PTX_SCATTER)
+        scatter_store(s_evict + ev_rank, walk_slot, ev & (ev_rank < n_miss), PTX_SCATTER >= 1)
         tl.debug_barrier()
         miss_slot = tl.load(s_evict + miss_rank, mask=is_miss, other=0, cache_modifier=".cg")
-        scatter_store(slot_unit_ptr + row + miss_slot, unit, is_miss, PTX_SCATTER)
+        scatter_store(slot_unit_ptr + row + miss_slot, unit, is_miss, PTX_SCATTER >= 1)
         first_pos = unit * UNIT
         host_page = tl.load(host_page_row_ptr + first_pos // PAGE, mask=is_miss, other=0)
         scatter_store(plan + 1 + miss_rank, host_page * PAGE + first_pos % PAGE, is_miss,
-                      PTX_SCATTER)
+                      PTX_SCATTER >= 1)
         scatter_store(plan + 1 + MAX_MISSES + miss_rank, base + miss_slot * UNIT, is_miss,
-                      PTX_SCATTER)
+                      PTX_SCATTER >= 1)
     tl.store(plan, n_miss)
 
     # ---- 5. new LRU: stale evictables, the misses' slots, the hits (walk order) -------------
@@ -343,7 +350,7 @@ def resolve_upstream_order(
     n_kept = n_evict - n_miss
     new_at = tl.where(hit_w, n_evict + hit_cum - 1,
                       tl.where(ev_rank < n_miss, n_kept + ev_rank, ev_rank - n_miss))
-    scatter_store(lru_ptr + row + new_at, walk_slot, do_c & mc, PTX_SCATTER)
+    scatter_store(lru_ptr + row + new_at, walk_slot, do_c & mc, PTX_SCATTER >= 2)
 
     # ---- 6. each entry's hot slot (-1: not resolved here): its unit's first entry's --------
     first_slot = tl.where(resolved & held_e, cand, tl.where(is_miss, miss_slot, -1))
@@ -361,7 +368,7 @@ def resolve_hot_selection(
     K, C, D, MAX_MISSES, N_UNITS,
     UNIT: tl.constexpr, PAGE: tl.constexpr,
     K_PAD: tl.constexpr, LOG_K_PAD: tl.constexpr, BLOCK_C: tl.constexpr,
-    SEARCH_STEPS: tl.constexpr, UPSTREAM: tl.constexpr, PTX_SCATTER: tl.constexpr = False,
+    SEARCH_STEPS: tl.constexpr, UPSTREAM: tl.constexpr, PTX_SCATTER: tl.constexpr = 0,
 ):
     """Hit detection, exact LRU update and miss -> slot assignment of one batch row's selection
     against its hot buffer (steps 1-3 of the swap-in; the semantics of
@@ -376,8 +383,8 @@ def resolve_hot_selection(
     ``N_UNITS * UNIT``). ``host_page_row_ptr``: the request's row of the host page table (logical
     page -> host page); ``plan``: its miss-plan row (written: count, host rows, device rows);
     ``scr``: its scratch row (``resolve_scratch_width``). The LRU is neither read nor written
-    when no unit needs it. ``PTX_SCATTER``: the upstream order's scattered stores by inline PTX
-    (``scatter_store``; GPU only).
+    when no unit needs it. ``PTX_SCATTER``: which of the upstream order's scattered stores go by
+    inline PTX (``PTX_SCATTER_MODES``' values; GPU only).
 
     Returns ``(unit, slot, is_newest, long_blk, is_long, n_uniq, n_hit, n_miss, newest_hit,
     overflow)``: per entry its unit, its hot slot (-1: not resolved here) and whether it is the
@@ -432,12 +439,13 @@ def resolve_swap_in_kernel(
     K, C, D, SLOTS_PER_REQ, ROW_BYTES, MAX_MISSES, N_UNITS,
     UNIT: tl.constexpr, PAGE: tl.constexpr, PAGE_MODE: tl.constexpr,
     K_PAD: tl.constexpr, LOG_K_PAD: tl.constexpr, BLOCK_C: tl.constexpr,
-    SEARCH_STEPS: tl.constexpr, UPSTREAM: tl.constexpr, PTX_SCATTER: tl.constexpr = False,
+    SEARCH_STEPS: tl.constexpr, UPSTREAM: tl.constexpr, PTX_SCATTER: tl.constexpr = 0,
     LAUNCH_DEPENDENTS: tl.constexpr = False,
 ):
     """One program per batch row: resolves a top-k selection against the hot buffer.
 
-    ``PTX_SCATTER``: scattered stores by inline PTX (``scatter_store``); ``LAUNCH_DEPENDENTS``:
+    ``PTX_SCATTER``: which scattered stores go by inline PTX (``PTX_SCATTER_MODES``' values,
+    ``scatter_store``); ``LAUNCH_DEPENDENTS``:
     each program lets the next kernel of the stream launch first thing (programmatic dependent
     launch: the copy, launched with ``launch_pdl``, waits for this grid's writes before it reads
     the plan). Both GPU only (the interpreter runs neither).
@@ -502,6 +510,11 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
+#: ``ResolveLaunch.ptx_scatter`` -> the resolve's ``PTX_SCATTER``: which scattered stores go by
+#: inline PTX (module docstring)
+PTX_SCATTER_MODES = {"none": 0, "misses": 1, "all": 2}
+
+
 def resolve_scratch_width(k_pad: int, hot_units: int, n_units: int, upstream: bool) -> int:
     """int32 scratch entries per batch row of ``resolve_hot_selection`` (module docstring):
     ``hot_units + 2*n_units`` (upstream) or ``3*k_pad + hot_units`` (position)."""
@@ -516,19 +529,20 @@ class ResolveLaunch:
     order; the upstream order holds all ``C`` hot slots in one block (``block_c`` is raised to
     ``next_pow2(C)``); num_warps: Triton's (default 8 when the selection, or in the upstream
     order the walk block, has >= 1024 entries, 16 when the upstream walk block has >= 8192,
-    else 4); ptx_scatter: the upstream order's scattered stores by inline PTX on CUDA (module
-    docstring; False: ``tl.store``, the launch before 2026-12-03; the interpreter always takes
-    ``tl.store``).
+    else 4); ptx_scatter: which of the upstream order's scattered stores go by inline PTX on
+    CUDA, a key of ``PTX_SCATTER_MODES`` (module docstring; ``none``: ``tl.store``, the launch
+    before 2026-12-03; the interpreter always takes ``tl.store``).
     """
 
     block_c: Optional[int] = None
     num_warps: Optional[int] = None
-    ptx_scatter: bool = True
+    ptx_scatter: str = "misses"
 
     def __post_init__(self):
         b, w = self.block_c, self.num_warps
-        if not isinstance(self.ptx_scatter, bool):
-            raise ValueError(f"ResolveLaunch.ptx_scatter must be a bool, got {self.ptx_scatter!r}")
+        if self.ptx_scatter not in PTX_SCATTER_MODES:
+            raise ValueError(f"ResolveLaunch.ptx_scatter must be one of {tuple(PTX_SCATTER_MODES)}, "
+                             f"got {self.ptx_scatter!r}")
         if b is not None and (not isinstance(b, int) or b < 16 or b & (b - 1)):
             raise ValueError(f"ResolveLaunch.block_c must be a power of two >= 16, got {b!r}")
         if w is not None and w not in (1, 2, 4, 8, 16, 32):

@@ -19,10 +19,12 @@ variant ``upstream w<N>``; the default is 8).
 
 Launch variants (``swap_in_peer`` only, ``LAUNCH_VARIANTS``): every case adds rows of ours in the
 upstream order with the launch before 2026-12-03 (``upstream 12-02``: the resolve's scattered
-stores by ``tl.store``, the copy a plain launch) and with one of the two changes alone
-(``upstream ptx`` / ``upstream pdl``), each its own coordinator on the same pools, checked like
-the others; ``all_hits`` adds the resolve alone with ``tl.store`` (``upstream tl.store``) and
-16 warps with it. Under the interpreter the variants run the same code (no PTX, no PDL).
+stores by ``tl.store``, the copy a plain launch), with one of the two changes of the default
+alone (``upstream ptx-misses``: the miss path's stores by inline PTX; ``upstream pdl``: the copy
+a programmatic dependent of the resolve) and with every scattered store by PTX
+(``upstream ptx-all pdl``), each its own coordinator on the same pools, checked like the others;
+``all_hits`` adds the resolve alone with every store by PTX (``upstream ptx-all``) at 8 and 16
+warps. Under the interpreter the variants run the same code (no PTX, no PDL).
 
 ``steady_state`` runs in lockstep: per order our steps run free first (checked against nothing
 but the host rows; states recorded), then every timed call starts, in its untimed set-up, from
@@ -60,9 +62,10 @@ RESOLVE_WARPS = (4, 16)
 #: the default); one per order always, the launch variants (module doc) in ``swap_in_peer``
 ORDER_VARIANTS = {o: (o, ResolveLaunch(), None) for o in LRU_ORDERS}
 LAUNCH_VARIANTS = {
-    "upstream 12-02": ("upstream", ResolveLaunch(ptx_scatter=False), False),
-    "upstream ptx": ("upstream", ResolveLaunch(), False),
-    "upstream pdl": ("upstream", ResolveLaunch(ptx_scatter=False), True),
+    "upstream 12-02": ("upstream", ResolveLaunch(ptx_scatter="none"), False),
+    "upstream ptx-misses": ("upstream", ResolveLaunch(), False),
+    "upstream pdl": ("upstream", ResolveLaunch(ptx_scatter="none"), True),
+    "upstream ptx-all pdl": ("upstream", ResolveLaunch(ptx_scatter="all"), True),
 }
 
 
@@ -163,7 +166,8 @@ class Pair:
 def launch_json(c: HiSparseCoordinator) -> str:
     """The resolve's launch and the copy's ``pdl`` of a coordinator, as JSON."""
     return json.dumps({"block_c": c.block_c, "num_warps": c.resolve_warps,
-                       "ptx_scatter": c.resolve_ptx_scatter,
+                       "ptx_scatter": c.resolve_launch.ptx_scatter if c.resolve_ptx_scatter
+                       else "none",
                        "pdl": bool(getattr(c.engine, "pdl", False))})
 
 
@@ -223,14 +227,15 @@ def all_hits(run: BenchRun, sz: Sizes, factory: PeerFactory, name: str,
     launches = [(o, ResolveLaunch()) for o in LRU_ORDERS] + \
         [("upstream", ResolveLaunch(num_warps=w)) for w in RESOLVE_WARPS]
     if len(variants) > len(LRU_ORDERS):
-        launches += [("upstream", ResolveLaunch(ptx_scatter=False)),
-                     ("upstream", ResolveLaunch(num_warps=16, ptx_scatter=False))]
+        launches += [("upstream", ResolveLaunch(ptx_scatter="all")),
+                     ("upstream", ResolveLaunch(num_warps=16, ptx_scatter="all"))]
     for order, launch in launches:
         c = pair.ours[order]
         c.set_resolve_launch(launch)
         variant = " ".join([order] + ([] if launch.num_warps is None else
                                       [f"w{launch.num_warps}"])
-                           + ([] if launch.ptx_scatter else ["tl.store"]))
+                           + ([] if launch.ptx_scatter == "misses" else
+                              [f"ptx-{launch.ptx_scatter}"]))
         for n in (B, 1):
             run.measure(lambda: c.resolve_selection(req[:n], seq[:n], topk[:n], 0),
                         check=lambda out: swap_check(c, reqs[:n], topk[:n], out, [0] * n, [K] * n),
