@@ -2,7 +2,9 @@
 
 Per simulated layer an index-key cache (fp8, 132 B per token at dsv32; paged with the workload's
 block table) holds seeded random keys for every position; per (step, layer) the index queries
-``[B, index_heads, index_dim]`` bf16 and head weights ``[B, index_heads]`` float32 are seeded.
+``[B, index_heads, index_dim]`` bf16 and head weights ``[B, index_heads]`` float32 are seeded;
+the logits take the query in ``query_dtype`` (``fp8``: quantized per head as vLLM's indexer does,
+the default of ``selection.query_dtype``; or ``bf16`` as given).
 The step's top-k plan is built once from the sequence lengths (``IndexerMetadata.for_decode``)
 and reused by every layer. Stages: ``indexer`` (logits) and ``topk`` (top-k, fused with the
 PAGED transform when the backend takes global slots and ``selection.fuse_topk``; otherwise
@@ -17,7 +19,7 @@ from typing import List, Optional
 
 import torch
 
-from backends.kernels.indexer import indexer_logits_paged
+from backends.kernels.indexer import QUERY_DTYPES, indexer_logits_paged
 from backends.kernels.topk import plan_build_count
 from backends.kernels.topk_transform import IndexerMetadata
 from backends.kernels.index_cache import IndexKeyCache
@@ -32,10 +34,15 @@ class IndexerSelector:
     """The lightning indexer + top-k of a decode workload ``wl`` (its model, block table, page
     size, sequence lengths; ``wl.generator(*seed)`` gives seeded torch generators)."""
 
-    def __init__(self, wl, fuse_topk: bool, query_corr: float = 0.0, key_format: str = "fp8"):
+    def __init__(self, wl, fuse_topk: bool, query_corr: float = 0.0, key_format: str = "fp8",
+                 query_dtype: str = "fp8"):
         if not 0.0 <= query_corr <= 1.0:
             raise ValueError(f"selection.query_corr must be in [0, 1], got {query_corr}")
+        if query_dtype not in QUERY_DTYPES:
+            raise ValueError(f"selection.query_dtype must be one of {', '.join(QUERY_DTYPES)}, "
+                             f"got {query_dtype!r}")
         self.wl, self.fuse, self.query_corr = wl, fuse_topk, float(query_corr)
+        self.query_dtype = query_dtype
         self._prev_q: dict = {}
         m, dev = wl.model, wl.device
         self.caches: List[IndexKeyCache] = []
@@ -89,7 +96,8 @@ class IndexerSelector:
         q, w = self._q, self._w
         cache = self.caches[layer]
         self.logits = timer.run("indexer", lambda: indexer_logits_paged(
-            q, w, cache.data, self.wl.block_table, seq_lens, max_len=self.max_len))
+            q, w, cache.data, self.wl.block_table, seq_lens, max_len=self.max_len,
+            query_dtype=self.query_dtype))
         if want_slots and self.fuse:
             return timer.run("topk", lambda: self.meta.select(self.logits))
         return timer.run("topk", lambda: self.meta.positions(self.logits))

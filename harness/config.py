@@ -69,6 +69,7 @@ class SelectionConfig:
     window: int = 512             # trailing tokens of the mixed pattern
     fuse_topk: bool = True        # source=indexer: fused top-k + index transform
     query_corr: float = 0.9       # source=indexer: correlation of a layer's index query between steps
+    query_dtype: str = "fp8"      # source=indexer: index query precision: fp8 (vLLM's, per-head power-of-two scale) | bf16
     reuse_overlap: float = 0.70   # pattern=calibrated: P(a selected token is selected at the next step)
     reuse_alpha: float = 0.45     # pattern=calibrated: P(reuse distance > d) = (1 - reuse_overlap) * d ** -reuse_alpha
     layer_share: float = 0.85     # pattern=calibrated: fraction of positions a layer inherits from the layer below

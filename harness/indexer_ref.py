@@ -22,6 +22,13 @@ import torch
 from backends.kernels.index_cache import IndexKeyCache, dequantize_fp8_keys
 from backends.kernels.indexer import QUERY_DTYPES, quantize_index_query
 
+#: max |err| / max |ref| of fp8-query logits against the fp8-query reference: on the CPU the math
+#: is exact to ~1e-7, but Hopper's fp8 MMA accumulates with ~14 bits (DeepSeek-V3 report, section
+#: 3.5.2; DeepGEMM and Triton's sm_90 default keep it over the 128-wide dot): a model of it gives
+#: 5e-4 .. 1.5e-3 at B=64, 64 x 128 (results/h200-2026-12-03c/scripts/fp8_accumulation_sim.py;
+#: measured on the H200: 1.7e-4); the bf16 query's logits differ from the fp8 query's by ~5e-2
+FP8_QUERY_TOL = 5e-3
+
 
 def indexer_scores_ref(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """Logits of one query row against a set of keys.

@@ -90,6 +90,7 @@ COLUMNS: Dict[str, str] = {
     **declared_columns(),
     "fuse_topk": "boolean",
     "query_corr": "float64",
+    "query_dtype": "string",
     "cold_l2": "boolean",
     "cuda_graph": "boolean",
     "device": "string",

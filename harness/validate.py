@@ -9,6 +9,7 @@ import numpy as np
 from backends import BACKENDS, backend_class
 from backends.attention import ATTENTION_KERNELS
 from backends.base import PHASES, SLOT_ALIGN, ConfigError, pool_pages
+from backends.kernels.indexer import QUERY_DTYPES
 from backends.kernels.kv_format import KV_DTYPES, KV_SCALE_FORMATS
 from harness.config import backend_settings
 from harness.device import DEVICES
@@ -40,6 +41,7 @@ CHOICES = {
     "device": DEVICES,
     "attention_kernel": ATTENTION_KERNELS,
     "selection.source": SOURCES,
+    "selection.query_dtype": QUERY_DTYPES,
     "scenario": tuple(SCENARIOS),
     "phase": PHASES,
     **_declared_choices(),

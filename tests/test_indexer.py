@@ -280,6 +280,10 @@ def test_launch_validation_errors():
         IndexerLaunch(tokens_per_program=100)
     with pytest.raises(ValueError, match="IndexerLaunch.programs_per_sm"):
         IndexerLaunch(programs_per_sm=0)
+    with pytest.raises(ValueError, match="IndexerLaunch.prefetch must be True, False or None"):
+        IndexerLaunch(prefetch=1)
+    assert IndexerLaunch().prefetch_for(True) and not IndexerLaunch().prefetch_for(False)
+    assert not IndexerLaunch(prefetch=False).prefetch_for(True)
     with pytest.raises(ValueError, match="IndexerLaunch.tma must be True, False or None"):
         IndexerLaunch(tma=1)
 

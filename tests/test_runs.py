@@ -67,6 +67,23 @@ def test_recorded_indexer_trace_replays_with_lru_model_counts(indexer_run, tmp_p
                 assert (got.hits, got.misses, got.tokens_loaded) == (want.hits, want.misses, want.tokens_loaded)
 
 
+def test_index_query_precision_is_recorded_and_both_pass_their_check(indexer_run, tmp_path):
+    """The default fp8 index query (vLLM's) and the bf16 one each pass the scenario's check
+    against the reference of the same query; they select differently somewhere (the fp8
+    quantization moves the logits by a few percent); a bad value stops before any kernel."""
+    fp8 = results.load(indexer_run / "run").set_index("backend").loc["hisparse"]
+    assert fp8["query_dtype"] == "fp8"
+    run_harness("selection=indexer", "selection.query_dtype=bf16", "backend=hisparse", "top_k=32",
+                *SMALL, f"selection.record={tmp_path}/sel.npz", f"hydra.run.dir={tmp_path}/run")
+    bf16 = results.load(tmp_path / "run").iloc[0]
+    assert bf16["status"] == "ok" and bf16["query_dtype"] == "bf16", bf16["error"]
+    assert not np.array_equal(np.sort(Trace.load(tmp_path / "sel.npz").topk, axis=-1),
+                              np.sort(Trace.load(indexer_run / "sel.npz").topk, axis=-1))
+    r = run_harness("selection=indexer", "selection.query_dtype=fp16", *SMALL,
+                    f"hydra.run.dir={tmp_path}/bad", check=False)
+    assert r.returncode == 2 and "selection.query_dtype" in r.stderr and "bf16, fp8" in r.stderr
+
+
 def test_index_query_correlation_drives_step_overlap(tmp_path):
     """Correlated index queries make consecutive selections overlap, so HiSparse hits more."""
     rates = {}
