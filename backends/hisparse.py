@@ -27,8 +27,9 @@ from backends.attention import resolve_attention
 from backends.base import COUNT_KEYS, Backend, BackendInvalid, BackendUnavailable, ConfigError, KVLayout
 from backends.copy_engines import COPY_ENGINES
 from backends.host_memory import HOST_ALLOCS
-from backends.hisparse_coordinator import (DEFAULT_HOST_ALLOC, LOAD_GRANULARITIES, LRU_ORDERS,
-                                           HiSparseCoordinator, checked_selections)
+from backends.hisparse_coordinator import (DEFAULT_HOST_ALLOC, HOST_PAGE_ORDERS,
+                                           LOAD_GRANULARITIES, LRU_ORDERS, HiSparseCoordinator,
+                                           checked_selections)
 
 #: swap-in implementations: ours, or SGLang's own kernel
 COORDINATORS = ("triton", "sglang")
@@ -48,6 +49,7 @@ class HiSparseSettings:
     coordinator: str = "triton"                # triton (ours) | sglang (upstream swap-in kernel)
     lru_order: str = "upstream"                # upstream (SGLang's order) | position (ascending)
     host_alloc: str = DEFAULT_HOST_ALLOC       # registered (SGLang's) | pinned | thp (huge pages)
+    host_page_order: str = "shuffled"          # shuffled (long-running) | sequential (fresh pool)
 
     def resolved(self, top_k: int) -> "HiSparseSettings":
         d = self.device_buffer_size if self.device_buffer_size is not None else 2 * top_k
@@ -72,12 +74,14 @@ class HiSparseBackend(Backend):
     name = "hisparse"
     settings = HiSparseSettings
     choices = {"load_granularity": LOAD_GRANULARITIES, "copy_engine": COPY_ENGINES,
-               "coordinator": COORDINATORS, "lru_order": LRU_ORDERS, "host_alloc": HOST_ALLOCS}
+               "coordinator": COORDINATORS, "lru_order": LRU_ORDERS, "host_alloc": HOST_ALLOCS,
+               "host_page_order": HOST_PAGE_ORDERS}
     stages = ("swap_in", "attention")
     columns = {"device_buffer_size": "Int64", "load_granularity": "string", "copy_engine": "string",
-               "coordinator": "string", "lru_order": "string", "host_alloc": "string"}
+               "coordinator": "string", "lru_order": "string", "host_alloc": "string",
+               "host_page_order": "string"}
     variant_axes = ("device_buffer_size", "load_granularity", "copy_engine", "coordinator",
-                    "lru_order", "host_alloc")
+                    "lru_order", "host_alloc", "host_page_order")
 
     @classmethod
     def check(cls, settings: HiSparseSettings, *, top_k: int, page_size: int, phase: str) -> None:
@@ -124,7 +128,8 @@ class HiSparseBackend(Backend):
                 num_layers=wl.num_layers, max_requests=wl.batch_size, max_seq_len=wl.max_positions,
                 row_bytes=wl.row_bytes, top_k=wl.top_k, device_buffer_size=self.buffer_size,
                 page_size=wl.page_size, load_granularity=self.granularity, copy_engine=self.engine,
-                lru_order=settings.lru_order, host_alloc=settings.host_alloc, device=wl.device,
+                lru_order=settings.lru_order, host_alloc=settings.host_alloc,
+                host_page_order=settings.host_page_order, device=wl.device,
                 seed=wl.seed)
         except ValueError as e:
             raise BackendInvalid(str(e)) from e

@@ -8,8 +8,10 @@ device pool, loading the missing KV rows from the host ("swap-in"). KV rows are 
 Tiers
 -----
 * Host pool: uint8 ``[num_layers, host_rows, row_bytes]`` (pinned when CUDA is present).
-  Host rows are handed out in pages of ``page_size`` rows from a shuffled free list (like a
-  long-running server); position ``p`` of request ``r`` lives in host row
+  Host rows are handed out in pages of ``page_size`` rows from a free list, shuffled (like a
+  long-running server whose frees have scattered it; the default) or in order
+  (``host_page_order='sequential'``: a fresh pool, as SGLang's host KV pool hands out its free
+  slots in index order); position ``p`` of request ``r`` lives in host row
   ``host_page_table[r, p // P] * P + p % P``.
 * Device pool: uint8 ``[num_layers, num_slots, row_bytes]``; ``device_pool(layer)`` is the flat
   ``[num_slots, row_bytes]`` view attention gathers from. Request ``r`` owns device rows
@@ -81,6 +83,8 @@ LOAD_GRANULARITIES = ("token", "page")
 DEFAULT_HOST_ALLOC = "registered"
 #: order of misses and hits in the LRU update (module docstring)
 LRU_ORDERS = ("upstream", "position")
+#: order of the host pool's free pages (module docstring)
+HOST_PAGE_ORDERS = ("shuffled", "sequential")
 
 
 class HiSparseOOMError(MemoryError):
@@ -208,6 +212,8 @@ class HiSparseCoordinator:
       host_rows: host pool rows per layer; default enough for every request at ``max_seq_len``
         (rounded up to pages).
       device: where the hot buffers live ('cuda' or 'cpu' for the Triton interpreter).
+      host_page_order: 'shuffled' (default) or 'sequential': the free host pages' order (module
+        docstring).
       seed: seed of the shuffled host page order.
     Raises ValueError for bad arguments, HiSparseOOMError when an allocation fails.
     """
@@ -217,8 +223,11 @@ class HiSparseCoordinator:
                  load_granularity: str = "token", copy_engine: str = "uva_kernel",
                  lru_order: str = "upstream", resolve_launch: Optional[ResolveLaunch] = None,
                  host_rows: Optional[int] = None, host_alloc: str = DEFAULT_HOST_ALLOC,
-                 device="cuda",
+                 host_page_order: str = "shuffled", device="cuda",
                  seed: int = 0):
+        if host_page_order not in HOST_PAGE_ORDERS:
+            raise ValueError(f"host_page_order must be one of {HOST_PAGE_ORDERS}, "
+                             f"got {host_page_order!r}")
         self._configure(num_layers=num_layers, max_requests=max_requests, max_seq_len=max_seq_len,
                         row_bytes=row_bytes, top_k=top_k, device_buffer_size=device_buffer_size,
                         page_size=page_size, load_granularity=load_granularity,
@@ -232,7 +241,7 @@ class HiSparseCoordinator:
                 setattr(self, attr, self._host_memory.tensor)
             else:
                 setattr(self, attr, _alloc(what, shape, dtype, self.device))
-        self._init_state(copy_engine, seed)
+        self._init_state(copy_engine, seed, host_page_order)
 
     def _configure(self, *, num_layers: int, max_requests: int, max_seq_len: int, row_bytes: int,
                    top_k: int, device_buffer_size: Optional[int], page_size: int,
@@ -306,7 +315,7 @@ class HiSparseCoordinator:
                           "host_alloc": DEFAULT_HOST_ALLOC, "device": "cpu", **kwargs})
         return obj.footprint()
 
-    def _init_state(self, copy_engine: str, seed: int) -> None:
+    def _init_state(self, copy_engine: str, seed: int, host_page_order: str) -> None:
         """Initial contents of the buffers, the copy engine and the host-side state."""
         L, R, C = self.num_layers, self.max_requests, self.hot_units
         self.device_kv.zero_()            # deterministic bytes in never-written rows
@@ -322,8 +331,11 @@ class HiSparseCoordinator:
                                    f"{e}") from e
 
         # Host-side set-up state (not touched inside swap_in_selected_pages).
-        rng = np.random.default_rng(seed)
-        self._free_pages: List[int] = rng.permutation(self.host_pages).tolist()
+        # taken from the end: in order, page 0 first, for 'sequential'
+        self.host_page_order = host_page_order
+        self._free_pages: List[int] = (
+            np.random.default_rng(seed).permutation(self.host_pages).tolist()
+            if host_page_order == "shuffled" else list(range(self.host_pages - 1, -1, -1)))
         self._pages: Dict[int, List[int]] = {}          # req -> host pages, logical order
         self._host_table_np = np.full((R, self.max_pages), -1, dtype=np.int64)
         self._host_len = np.zeros(R, dtype=np.int64)    # positions written to the host pool

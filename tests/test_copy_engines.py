@@ -226,7 +226,7 @@ def _bench_run():
     # no warm-up calls: each row's checked first call ran the kernel already (in the interpreter
     # a warm-up call costs as much as a timed one)
     args = argparse.Namespace(quick=True, repeats=2, warmup=0, section=("gather", "context"),
-                              host_alloc=("pinned",))
+                              host_alloc=("pinned",), host_page_order=("shuffled",))
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return BenchRun("swap_in", args, dev, "test swap_in")
 
@@ -328,3 +328,20 @@ def test_uva_pdl_option(device):
     for b in range(3):
         for j in range(int(p[b, 0])):
             assert torch.equal(pools[1][int(p[b, 6 + j])], host.cpu()[int(p[b, 1 + j])])
+
+
+def test_swap_in_context_section_with_sequential_host_pages():
+    """``--host-page-order sequential``: its own case (``context+sequential``), every row exact,
+    and the same misses per step as the shuffled pool's (the page order moves host rows only)."""
+    from dataclasses import replace
+
+    import pandas as pd
+    from harness.bench import swap_in as sw
+    run, sz = _bench_run(), replace(_small_sizes(), context_lens=(300,), context_variants=("default",))
+    run.args.host_page_order = ("shuffled", "sequential")
+    sw.context(run, sz)
+    df = pd.DataFrame(run.rows)
+    assert set(df["status"]) == {"ok"} and (df["max_rel_err"] == 0).all()
+    assert set(df["case"]) == {"context", "context+sequential"}
+    misses = df.groupby("case")["misses"].first()
+    assert misses["context"] == misses["context+sequential"] > 0

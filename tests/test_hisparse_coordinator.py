@@ -220,6 +220,32 @@ def test_launch_options_against_model(ptx_scatter, pdl):
     assert all(kinds)
 
 
+def test_host_page_order_hands_out_pages_in_order_or_shuffled():
+    """``sequential``: each request's host pages are adjacent, in loading order (a fresh pool);
+    ``shuffled`` (default): not; a bad order is refused with the allowed names."""
+    kw = dict(num_layers=1, max_requests=3, max_seq_len=256, row_bytes=8, top_k=8, page_size=16,
+              device="cpu")
+    seq = HiSparseCoordinator(host_page_order="sequential", **kw)
+    shuf = HiSparseCoordinator(**kw)
+    assert shuf.host_page_order == "shuffled"
+    rows = torch.randint(0, 256, (256, 8), dtype=torch.uint8)
+    for c in (seq, shuf):
+        for r in (2, 0, 1):
+            c.load_host_kv(0, r, rows[: 100 + 50 * r])
+    pages = {r: seq.host_rows_of(r, np.arange(0, 100 + 50 * r, 16)) // 16 for r in range(3)}
+    assert pages[2].tolist() == list(range(13)) and pages[0].tolist() == list(range(13, 20))
+    assert pages[1].tolist() == list(range(20, 30))
+    shuffled = shuf.host_rows_of(2, np.arange(0, 200, 16)) // 16
+    assert shuffled.tolist() != sorted(shuffled.tolist())
+    for c in (seq, shuf):                                    # the rows are where the table says
+        for r in range(3):
+            n = 100 + 50 * r
+            assert torch.equal(c.host_kv[0][torch.from_numpy(c.host_rows_of(r, np.arange(n)))],
+                               rows[:n])
+    with pytest.raises(ValueError, match="host_page_order must be one of .*shuffled.*sequential"):
+        HiSparseCoordinator(host_page_order="fresh", **kw)
+
+
 def test_launch_option_validation():
     assert ResolveLaunch().ptx_scatter == "misses"
     for bad in (1, True, "some"):

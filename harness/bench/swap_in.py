@@ -24,7 +24,8 @@ pages; ``--quick``: ``QUICK``):
   be allocated is skipped with a printed reason. Printed last: GB/s of each run's median and
   the spread of those medians (``gather_summary``).
 * ``context``: swap-in at equal misses vs context (batch 32, 85 % overlap, the rest never
-  selected before, 16K..128K, the coordinator's own host pool, per ``--host-alloc``): ``resolve_selection``, ``copy_planned_misses`` and
+  selected before, 16K..128K, the coordinator's own host pool, per ``--host-alloc`` and
+  ``--host-page-order``): ``resolve_selection``, ``copy_planned_misses`` and
   ``swap_in_selected_pages`` timed apart, each call an exact re-run of a recorded step
   (``context``; ``context_summary`` prints resolve / copy / total per context).
 
@@ -53,7 +54,7 @@ import torch
 
 from backends.copy_engines import (COPY_ENGINES, UVA_CUDA_LAUNCH, UvaKernelEngine,
                                    uva_engine_per_sm)
-from backends.hisparse_coordinator import DEFAULT_HOST_ALLOC, HiSparseCoordinator
+from backends.hisparse_coordinator import DEFAULT_HOST_ALLOC, HOST_PAGE_ORDERS, HiSparseCoordinator
 from backends.host_memory import HOST_ALLOCS, HostRows
 from harness import results
 from harness.bench.measure import NAN, BenchRun, Check, exact
@@ -141,13 +142,14 @@ def random_rows(n: int, row_bytes: int, device: torch.device, seed: int) -> torc
 
 
 def coordinator(sz: Sizes, device: torch.device, max_requests: int, max_seq_len: int,
-                host_alloc: str = DEFAULT_HOST_ALLOC) -> HiSparseCoordinator:
+                host_alloc: str = DEFAULT_HOST_ALLOC,
+                host_page_order: str = "shuffled") -> HiSparseCoordinator:
     """A one-layer token-mode coordinator (``uva_kernel`` copies) of these sizes."""
     return HiSparseCoordinator(
         num_layers=1, max_requests=max_requests, max_seq_len=max_seq_len,
         row_bytes=sz.row_bytes, top_k=sz.top_k, device_buffer_size=sz.device_buffer_size,
-        page_size=sz.page_size, copy_engine="uva_kernel", host_alloc=host_alloc, device=device,
-        seed=1)
+        page_size=sz.page_size, copy_engine="uva_kernel", host_alloc=host_alloc,
+        host_page_order=host_page_order, device=device, seed=1)
 
 
 def loaded_coordinator(sz: Sizes, device: torch.device, batch: int, seq_len: int, seed: int
@@ -668,17 +670,19 @@ def context(run: BenchRun, sz: Sizes) -> None:
     read the host pool on the CPU, so timed reads come from DRAM. Equal misses: the positions
     not kept from the previous step were never selected nor prefilled (``overlap_selections``
     with ``fresh_from``), so every step misses ``top_k - round(overlap_c * top_k)`` per request at
-    every context. Host alloc 'thp': the coordinator's pool in huge pages (``host_alloc``)."""
+    every context. Host alloc 'thp': the coordinator's pool in huge pages (``host_alloc``); per
+    ``--host-page-order`` (case suffix ``+sequential``): the host pages handed out shuffled or in
+    order (each request's pages adjacent in the pool)."""
     B, K = sz.context_batch, sz.top_k
     reqs = list(range(B))
-    for alloc in run.args.host_alloc:
+    for alloc, order in itertools.product(run.args.host_alloc, run.args.host_page_order):
         for S in sz.context_lens:
             nbytes = B * S * sz.row_bytes
             ok, why = pool_fits(nbytes, "pinned") if alloc == "pinned" else pool_fits(nbytes, alloc)
             if not ok:
                 print(f"[swap_in] context {S} ({alloc}) skipped: {why}", flush=True)
                 continue
-            c = coordinator(sz, run.device, B, S, host_alloc=alloc)
+            c = coordinator(sz, run.device, B, S, host_alloc=alloc, host_page_order=order)
             if alloc == "thp":
                 print(f"[swap_in] context {S}: {c._host_memory.huge_fraction:.0%} of the host "
                       f"pool in huge pages", flush=True)
@@ -734,7 +738,9 @@ def context(run: BenchRun, sz: Sizes) -> None:
                     wrong = row_error(c, reqs, sels[i], out, mirror)
                 return exact(wrong, mismatch)
 
-            cols = case_columns(sz, "context" if alloc == "pinned" else f"context+{alloc}", B, S,
+            case = "context" + ("" if alloc == "pinned" else f"+{alloc}") \
+                + ("" if order == "shuffled" else f"+{order}")
+            cols = case_columns(sz, case, B, S,
                                 np.mean([sum(misses[i]) for i in timed]),
                                 step_overlap=sz.overlap_c, copy_engine="uva_kernel",
                                 host_bytes=c.host_bytes())
@@ -800,13 +806,15 @@ def summary(out_dir: str) -> None:
     print(context_summary(rows))
 
 
-def _sections(text: str) -> Tuple[str, ...]:
-    names = tuple(x for x in text.split(",") if x)
-    bad = [x for x in names if x not in SECTIONS]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(f"--section takes a comma list of {', '.join(SECTIONS)};"
-                                         f" got {text!r}")
-    return names
+def _comma_list(flag: str, allowed: Sequence[str]):
+    """An argparse type: a non-empty comma list of ``allowed`` names (``flag`` in the message)."""
+    def parse(text: str) -> Tuple[str, ...]:
+        names = tuple(x for x in text.split(",") if x)
+        if not names or any(x not in allowed for x in names):
+            raise argparse.ArgumentTypeError(f"{flag} takes a comma list of "
+                                             f"{', '.join(allowed)}; got {text!r}")
+        return names
+    return parse
 
 
 def _pool_rows(text: str) -> Tuple[int, ...]:
@@ -820,22 +828,22 @@ def _pool_rows(text: str) -> Tuple[int, ...]:
     return rows
 
 
-def _allocs(text: str) -> Tuple[str, ...]:
-    names = tuple(x for x in text.split(",") if x)
-    if not names or any(x not in HOST_ALLOCS for x in names):
-        raise argparse.ArgumentTypeError(f"--host-alloc takes a comma list of "
-                                         f"{', '.join(HOST_ALLOCS)}; got {text!r}")
-    return names
-
-
 def options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--section", type=_sections, default=SECTIONS,
+    parser.add_argument("--section", type=_comma_list("--section", SECTIONS), default=SECTIONS,
                         help=f"comma list of sections to run (default all: {','.join(SECTIONS)})")
-    parser.add_argument("--host-alloc", type=_allocs, default=HOST_ALLOCS,
+    parser.add_argument("--host-alloc", type=_comma_list("--host-alloc", HOST_ALLOCS),
+                        default=HOST_ALLOCS,
                         help="host pools of the gather and context sections, comma list of "
                         "pinned (cudaHostAlloc), registered (pageable + cudaHostRegister: "
                         "SGLang's and the coordinator's default) and thp (huge-page mapping, "
                         "registered); hisparse.host_alloc takes the same names. Default: all")
+    parser.add_argument("--host-page-order", type=_comma_list("--host-page-order",
+                                                              HOST_PAGE_ORDERS),
+                        default=("shuffled",),
+                        help="free-page orders of the context section's host pools, comma list "
+                        "of shuffled (a long-running pool; the default) and sequential (a fresh "
+                        "pool: each request's pages adjacent); hisparse.host_page_order takes "
+                        "the same names")
     parser.add_argument("--gather-pools", type=_pool_rows, default=None,
                         help="host pool sizes (rows) of the gather section, comma list "
                         "(default: 1M,4M,16M rows; --quick: its own)")
