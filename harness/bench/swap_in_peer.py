@@ -22,7 +22,8 @@ upstream order with the launch before 2026-12-03 (``upstream 12-02``: the resolv
 stores by ``tl.store``, the copy a plain launch), with one of the two changes of the default
 alone (``upstream ptx-misses``: the miss path's stores by inline PTX; ``upstream pdl``: the copy
 a programmatic dependent of the resolve) and with every scattered store by PTX
-(``upstream ptx-all pdl``), each its own coordinator on the same pools, checked like the others;
+(``upstream ptx-all pdl``), and the default at 16 resolve warps (``upstream w16``), each its
+own coordinator on the same pools, checked like the others;
 ``all_hits`` adds the resolve alone with every store by PTX (``upstream ptx-all``) at 8 and 16
 warps. Under the interpreter the variants run the same code (no PTX, no PDL).
 
@@ -66,6 +67,7 @@ LAUNCH_VARIANTS = {
     "upstream ptx-misses": ("upstream", ResolveLaunch(), False),
     "upstream pdl": ("upstream", ResolveLaunch(ptx_scatter="none"), True),
     "upstream ptx-all pdl": ("upstream", ResolveLaunch(ptx_scatter="all"), True),
+    "upstream w16": ("upstream", ResolveLaunch(num_warps=16), None),
 }
 
 
