@@ -345,3 +345,15 @@ def test_swap_in_context_section_with_sequential_host_pages():
     assert set(df["case"]) == {"context", "context+sequential"}
     misses = df.groupby("case")["misses"].first()
     assert misses["context"] == misses["context+sequential"] > 0
+
+
+def test_swap_in_context_flags_are_checked_before_any_kernel():
+    """``--contexts`` too short for the section's never-resident positions, more than one
+    ``--context-batch`` or an unknown ``--host-page-order`` stop with a message naming the flag."""
+    from cli import run_harness
+    base = ["run", "swap_in", "--quick", "--section", "context", "--host-alloc", "registered"]
+    for extra, words in ((["--contexts", "100,400"], "--contexts: [100] below 112"),
+                         (["--context-batch", "2,3"], "--context-batch takes one value"),
+                         (["--host-page-order", "fresh"], "--host-page-order takes a comma list")):
+        r = run_harness(*base, *extra, check=False, module="harness.bench")
+        assert r.returncode != 0 and words in r.stderr + r.stdout, (extra, r.stderr[-500:])

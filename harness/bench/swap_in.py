@@ -220,6 +220,11 @@ def fresh_chunks(sz: Sizes, calls: int, seed: int = 3) -> np.ndarray:
     return fresh[:calls * K].reshape(calls, 1, K)
 
 
+def fresh_positions(steps: int, top_k: int, overlap: float) -> int:
+    """Positions never drawn before that ``overlap_selections`` with ``fresh_from`` needs."""
+    return top_k + (steps - 1) * (top_k - int(round(overlap * top_k)))
+
+
 def overlap_selections(rng: np.random.Generator, steps: int, batch: int, top_k: int,
                        seq_len: int, overlap: float, fresh_from: Optional[int] = None
                        ) -> List[np.ndarray]:
@@ -231,9 +236,10 @@ def overlap_selections(rng: np.random.Generator, steps: int, batch: int, top_k: 
     others are any positions outside the previous step's selection."""
     keep = int(round(overlap * top_k))
     lo = 0 if fresh_from is None else fresh_from
-    if fresh_from is not None and seq_len - 1 - lo < top_k + (steps - 1) * (top_k - keep):
+    if fresh_from is not None and seq_len - 1 - lo < fresh_positions(steps, top_k, overlap):
         raise ValueError(f"fresh_from={fresh_from}: [{lo}, {seq_len - 1}) holds fewer than the "
-                         f"{top_k + (steps - 1) * (top_k - keep)} fresh positions {steps} steps need")
+                         f"{fresh_positions(steps, top_k, overlap)} fresh positions {steps} "
+                         f"steps need")
     orders = [lo + rng.permutation(seq_len - 1 - lo) for _ in range(batch)]
     prev = np.stack([o[:top_k] for o in orders])
     used = top_k
@@ -817,15 +823,19 @@ def _comma_list(flag: str, allowed: Sequence[str]):
     return parse
 
 
-def _pool_rows(text: str) -> Tuple[int, ...]:
-    try:
-        rows = tuple(int(x) for x in text.split(",") if x)
-    except ValueError:
-        rows = ()
-    if not rows or min(rows) < 1:
-        raise argparse.ArgumentTypeError(f"--gather-pools takes a comma list of positive row "
-                                         f"counts; got {text!r}")
-    return rows
+def _positive_ints(flag: str, what: str):
+    """An argparse type: a non-empty comma list of positive integers (``flag``, ``what`` they
+    count, in the message)."""
+    def parse(text: str) -> Tuple[int, ...]:
+        try:
+            values = tuple(int(x) for x in text.split(",") if x)
+        except ValueError:
+            values = ()
+        if not values or min(values) < 1:
+            raise argparse.ArgumentTypeError(f"{flag} takes a comma list of positive {what}; "
+                                             f"got {text!r}")
+        return values
+    return parse
 
 
 def options(parser: argparse.ArgumentParser) -> None:
@@ -844,9 +854,16 @@ def options(parser: argparse.ArgumentParser) -> None:
                         "of shuffled (a long-running pool; the default) and sequential (a fresh "
                         "pool: each request's pages adjacent); hisparse.host_page_order takes "
                         "the same names")
-    parser.add_argument("--gather-pools", type=_pool_rows, default=None,
+    parser.add_argument("--gather-pools", type=_positive_ints("--gather-pools", "row counts"),
+                        default=None,
                         help="host pool sizes (rows) of the gather section, comma list "
                         "(default: 1M,4M,16M rows; --quick: its own)")
+    parser.add_argument("--contexts", type=_positive_ints("--contexts", "context lengths"),
+                        default=None, help="context lengths of the context section, comma list "
+                        "(default: 16K,32K,64K,128K; each above the hot buffer's 4096 slots)")
+    parser.add_argument("--context-batch", type=_positive_ints("--context-batch", "batch sizes"),
+                        default=None, help="requests of the context section (default 32; one "
+                        "value)")
 
 
 @register("swap_in", "HiSparse swap-in (resolve + copy engines): all misses, all hits, "
@@ -856,6 +873,20 @@ def swap_in(run: BenchRun) -> None:
     sz = QUICK if run.quick else FULL
     if run.args.gather_pools:
         sz = dataclasses.replace(sz, gather_pools=run.args.gather_pools)
+    if run.args.contexts:
+        need = sz.device_buffer_size + 1 + fresh_positions(
+            sz.burn_in_c + sz.context_timed_steps, sz.top_k, sz.overlap_c)
+        low = [S for S in run.args.contexts if S < need]
+        if low:
+            raise SystemExit(f"--contexts: {low} below {need}: the context section's steps "
+                             f"select positions never resident (above the hot buffer's "
+                             f"{sz.device_buffer_size} slots), {need - sz.device_buffer_size - 1}"
+                             f" of them")
+        sz = dataclasses.replace(sz, context_lens=run.args.contexts)
+    if run.args.context_batch:
+        if len(run.args.context_batch) != 1:
+            raise SystemExit(f"--context-batch takes one value, got {run.args.context_batch}")
+        sz = dataclasses.replace(sz, context_batch=run.args.context_batch[0])
     run_section = {"all_misses": all_misses, "all_hits": all_hits, "steady_state": steady_state,
                    "gather": gather, "context": context}
     for name in run.args.section:
