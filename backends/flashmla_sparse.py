@@ -20,7 +20,8 @@ Extend (prefill) stages, as vLLM's prefill path runs them (``scenario=extend``; 
     (``cp_gather_indexer_k_quant_cache``).
 ``indexer``
     ``indexer_logits_ragged`` over the concatenated index keys: query row ``m`` scores keys
-    ``[ks[m], ke[m])``; logits ``float32 [M, max_len]``.
+    ``[ks[m], ke[m])``; logits ``float32 [M, max_len]``; the query in the workload's
+    ``query_dtype`` (``selection.query_dtype``).
 ``topk``
     The step's RAGGED top-k plan (``IndexerMetadata.for_extend``, built once per step in
     ``begin_extend_step``): int32 ``[M, top_k]`` rows of the ragged buffer (``-1`` padded).
@@ -173,7 +174,7 @@ class FlashMLASparseBackend(Backend):
             d_nope=m.d_nope, d_rope=m.d_rope, max_len=ew.max_len))
         timer.run("indexer", lambda: indexer_logits_ragged(
             q_idx, w_idx, self.keys, ew.ks, ew.ke, k_scales=self.key_scales, max_len=ew.max_len,
-            out=self.logits))
+            out=self.logits, query_dtype=ew.query_dtype))
         timer.run("topk", lambda: self.meta.select(self.logits, out=self.indices))
         return timer.run("attention", lambda: self.attention(
             q, self.kv, self.indices, m.sm_scale, d_v=m.d_v))

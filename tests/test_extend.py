@@ -288,13 +288,23 @@ def test_point_rows_statuses_and_schema(point):
     fm = by["flashmla_sparse"]
     assert fm["status"] == "ok", fm["error"]
     assert fm["max_rel_err"] < fm["tolerance"] and fm["n_samples"] == 1
-    assert fm["context_len"] == 48 and fm["fuse_topk"]
+    assert fm["context_len"] == 48 and fm["fuse_topk"] and fm["query_dtype"] == "fp8"
     for c in ("stage_indexer_us", "stage_topk_us", "stage_attention_us", "stage_select_us",
               "latency_us_median", "bytes_hbm_read", "flops", "working_set_bytes"):
         assert fm[c] == fm[c] and fm[c] > 0, c
     assert fm["stage_select_us"] == pytest.approx(fm["stage_indexer_us"] + fm["stage_topk_us"], rel=1e-6)
     assert fm["tokens_loaded"] == 0 and fm["bytes_h2d"] == 0 and pd.isna(fm["hits"])
     assert pd.isna(fm["stage_swap_in_us"]) and pd.isna(fm["stage_transform_us"])
+
+
+def test_bf16_index_query_point_passes_its_check(tmp_path):
+    """``selection.query_dtype=bf16``: the extend indexer takes the query as given and is checked
+    at the bf16 tolerance (the default fp8 point above at the fp8 one)."""
+    cfg = compose("phase=extend", "backend=flashmla_sparse", "selection.query_dtype=bf16", *POINT)
+    validate(cfg)
+    row = run_point(cfg, torch.device("cpu"), tmp_path, "python -m harness phase=extend", "h")[0]
+    assert row["status"] == "ok", row["error"]
+    assert row["query_dtype"] == "bf16"
 
 
 def test_point_steps_table_matches_summary(point):

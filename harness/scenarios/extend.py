@@ -26,6 +26,8 @@ The measured layer step is the backend's (``FlashMLASparseBackend.extend_layer``
 
 The index heads are zero-padded to the indexer kernel's minimum (a power of two >= 16) with
 zero weights, which adds exactly 0 to every logit (so a model with e.g. 4 index heads runs).
+The index query is taken in ``selection.query_dtype`` (``fp8`` by default, as vLLM's indexer;
+``bf16``), as in decode.
 
 Checks (every layer step, warm-up included; outside the timed region)
 ---------------------------------------------------------------------
@@ -36,7 +38,8 @@ Checks (every layer step, warm-up included; outside the timed region)
   reference scores (``harness.indexer_ref.indexer_logits_ragged_ref`` on the index keys read
   from the paged cache in logical order) must equal the row's top-``min(top_k, len)`` reference
   scores up to a relative ``TOPK_SCORE_RTOL`` (tie-robust: which of two equal scores is taken
-  does not matter).
+  does not matter; with the fp8 query ``2 * FP8_QUERY_TOL``, the fp8 MMA's accumulation error,
+  against the reference of the same quantized query).
 
 Either beyond tolerance -> ``status=incorrect``.
 
@@ -69,6 +72,7 @@ from backends.kernels import kv_format
 from backends.kernels.index_cache import IndexKeyCache, IndexKeyFormat
 from backends.kernels.indexer import pad_index_heads
 from harness.config import ModelConfig
+from harness.indexer_ref import FP8_QUERY_TOL
 from harness.reference import convert_req_index_to_global_index_ref, sparse_mla_decode_on_slots_ref
 from harness.scenarios.base import LayerInputs, LayerResult, Scenario
 from harness.timing import StageTimer, TimingStats
@@ -186,12 +190,14 @@ class ExtendWorkload:
     ke: torch.Tensor
     row_request: torch.Tensor
     phase: str = "extend"
+    query_dtype: str = "fp8"
 
     @classmethod
     def build(cls, model: ModelConfig, device: torch.device, *, kv_dtype: str, page_size: int,
               top_k: int, num_layers: int, seed: int, batch_size: int, context_len: int,
               extend_len: int, shared_prefix: float = 0.5, group_size: int = 2,
-              prefix_spread: float = 0.25, kv_scale_format: str = "raw") -> "ExtendWorkload":
+              prefix_spread: float = 0.25, kv_scale_format: str = "raw",
+              query_dtype: str = "fp8") -> "ExtendWorkload":
         """Draws the lengths, allocates and fills the paged caches (seeded)."""
         prefix, shared, group_of = extend_lengths(context_len, batch_size, page_size,
                                                   shared_prefix, group_size, prefix_spread, seed)
@@ -223,7 +229,8 @@ class ExtendWorkload:
                    num_layers=num_layers, seed=seed, extend_len=E, prefix_lens=prefix,
                    shared_lens=shared, group_of=group_of, pool=pool, block_table=dev_i32(bt),
                    pages_used=used, index_caches=tuple(caches), total_lens_dev=dev_i32(total),
-                   cu_dev=dev_i32(cu), ks=dev_i32(ks), ke=dev_i32(ke), row_request=dev_i32(row_req))
+                   cu_dev=dev_i32(cu), ks=dev_i32(ks), ke=dev_i32(ke), row_request=dev_i32(row_req),
+                   query_dtype=query_dtype)
 
     @property
     def batch_size(self) -> int:
@@ -337,7 +344,8 @@ def reference_logits(ew: ExtendWorkload, layer: int, q_idx: torch.Tensor,
     paged cache in logical order (unpadded heads); column j = position j of the row's request."""
     from harness.indexer_ref import indexer_logits_ragged_ref
     keys = torch.cat(ew.index_caches[layer].gather(ew.block_table, ew.total_lens_dev))
-    return indexer_logits_ragged_ref(q_idx, w_idx, keys, ew.ks, ew.ke, max_len=ew.max_len)
+    return indexer_logits_ragged_ref(q_idx, w_idx, keys, ew.ks, ew.ke, max_len=ew.max_len,
+                                     query_dtype=ew.query_dtype)
 
 
 def check_topk(ref_logits: torch.Tensor, pos: torch.Tensor, lengths: torch.Tensor,
@@ -419,7 +427,7 @@ class ExtendScenario(Scenario):
                 top_k=cfg.top_k, num_layers=cfg.num_layers, seed=cfg.seed, batch_size=cfg.batch_size,
                 context_len=cfg.context_len, extend_len=cfg.extend_len, shared_prefix=e.shared_prefix,
                 group_size=e.group_size, prefix_spread=e.prefix_spread,
-                kv_scale_format=cfg.kv_scale_format)
+                kv_scale_format=cfg.kv_scale_format, query_dtype=cfg.selection.query_dtype)
         except (torch.OutOfMemoryError, MemoryError) as ex:
             return f"extend caches do not fit: {str(ex).splitlines()[0]}"
         self.row_lens = self.ew.row_lengths()
@@ -429,7 +437,8 @@ class ExtendScenario(Scenario):
         """``context_len`` = the configured mean prefix; selection = pattern = indexer."""
         return {**super().base_columns(), "selection": "indexer", "pattern": "indexer",
                 "step_overlap": None, "cluster_len": None,
-                "fuse_topk": bool(self.cfg.selection.fuse_topk), "context_len": self.cfg.context_len}
+                "fuse_topk": bool(self.cfg.selection.fuse_topk),
+                "query_dtype": self.cfg.selection.query_dtype, "context_len": self.cfg.context_len}
 
     @property
     def steps(self) -> int:
@@ -475,8 +484,10 @@ class ExtendScenario(Scenario):
         ew = self.ew
         pos, outside = selected_positions(ew, be.indices)
         ref_out, ref_lse = reference_attention(ew, x.layer, x.tensors["q"], pos)
+        # fp8 queries: scores closer than the fp8 MMA's accumulation error may trade places
+        rtol = 2 * FP8_QUERY_TOL if ew.query_dtype == "fp8" else TOPK_SCORE_RTOL
         bad = outside or check_topk(reference_logits(ew, x.layer, x.extra["q_idx"], x.extra["w_idx"]), pos,
-                                    ew.ke - ew.ks)
+                                    ew.ke - ew.ks, rtol)
         if bad and self.topk_bad is None:
             self.topk_bad = f"step {x.step} layer {x.layer}: {bad}"
         return LayerResult(pos.cpu().numpy().astype(np.int32), self.row_lens, relative_error(out, ref_out),
