@@ -1,5 +1,6 @@
 """The swap-in resolve (upstream order, token mode, top_k 2048, 4096 hot slots) compiled for
-sm_90a by Triton 3.6 on the CPU machine (no GPU), with and without ``PTX_SCATTER``: the whole
+sm_90a by Triton 3.6 on the CPU machine (no GPU), per ``PTX_SCATTER`` (0 none, 1 the miss path's
+stores, the default, 2 every scattered store): the whole
 kernel and its all-hit path (the kernel with the ``n_lost > 0`` and ``n_miss > 0`` branches cut
 out, what an all-hit call of distinct entries executes), per warp count; then the copy kernel with
 ``WAIT_PRIOR`` and the resolve with ``LAUNCH_DEPENDENTS`` (their ``griddepcontrol`` in the PTX).
@@ -79,7 +80,7 @@ def main(warps):
     for path_name, source in paths.items():
         mod = module_of(source, "swap_in_" + path_name.split()[0].replace("-", "_"))
         for w in warps:
-            for ptx in (False, True):
+            for ptx in (0, 1, 2):
                 k = compile_sm90(mod.resolve_swap_in_kernel, SIG, dict(CONST, PTX_SCATTER=ptx), w,
                                  div=DIV)
                 print(f"resolve, {path_name}, {w} warps, PTX_SCATTER={ptx}: "
@@ -93,7 +94,7 @@ def main(warps):
     print("copy (persistent, 1 warp) WAIT_PRIOR=True: griddepcontrol.wait in the PTX:",
           k.asm["ptx"].count("griddepcontrol.wait"), sass_stats(k.asm["cubin"]))
     k = compile_sm90(sys.modules["swap_in_whole"].resolve_swap_in_kernel, SIG,
-                     dict(CONST, PTX_SCATTER=True, LAUNCH_DEPENDENTS=True), 8, div=DIV)
+                     dict(CONST, PTX_SCATTER=1, LAUNCH_DEPENDENTS=True), 8, div=DIV)
     print("resolve LAUNCH_DEPENDENTS=True: griddepcontrol.launch_dependents in the PTX:",
           k.asm["ptx"].count("griddepcontrol.launch_dependents"))
 

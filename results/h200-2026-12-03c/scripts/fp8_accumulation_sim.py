@@ -1,7 +1,7 @@
 """max |err| / max |ref| of fp8-query indexer logits under a model of Hopper's fp8 MMA
 accumulation (each 32-product wgmma step aligned to its largest term, BITS bits kept, truncated),
 on the bench's data (randn queries, fp8 keys, weights randn / sqrt(H)): the basis of
-harness.bench.indexer.FP8_QUERY_TOL. CPU only:
+harness.indexer_ref.FP8_QUERY_TOL. CPU only:
 
     PYTHONPATH=$PWD BITS=14 .venv/bin/python results/h200-2026-12-03c/scripts/fp8_accumulation_sim.py
 """
