@@ -27,7 +27,7 @@ from backends.kernels.index_cache import IndexKeyCache
 #: stages the selection adds to a layer step (``select`` = ``indexer`` + ``topk``)
 STAGES = ("select", "indexer", "topk")
 #: result columns that make report variants of a backend fed by the indexer
-VARIANT_AXES = ("fuse_topk",)
+VARIANT_AXES = ("fuse_topk", "query_dtype")
 
 
 class IndexerSelector:

@@ -42,7 +42,8 @@ CELL_AXES = ("page_size", "top_k", "pattern", "context_len", "batch_size", "step
 #: flashmla_sparse's work; attention_kernel may be swept for one backend only): a cell axis only
 #: when it varies within every family, otherwise a variant of the families where it varies
 SOFT_AXES = ("step_overlap", "attention_kernel")
-#: backend-specific settings (declared on the backend classes) and the indexer's fuse_topk
+#: backend-specific settings (declared on the backend classes) and the indexer's fuse_topk and
+#: query_dtype
 VARIANT_AXES = ("backend", *dict.fromkeys(a for c in backend_classes() for a in c.variant_axes),
                 *SELECT_VARIANT_AXES)
 #: variant axes whose default follows top_k (hisparse's buffer defaults to 2 x top_k)
