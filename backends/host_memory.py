@@ -94,23 +94,50 @@ def copy_pool_rows(dst: torch.Tensor, dst_rows, src: torch.Tensor, src_rows=None
     pool is on a CUDA device and the other is on that device or page-locked host memory, one
     Triton kernel copies the rows, reading or writing the host pool in place over UVA (no
     pageable staging copy, no CPU gather or scatter), and the call returns once it is done, so
-    the CPU may read ``dst`` right away; otherwise the rows go through the CPU."""
+    the CPU may read ``dst`` right away; otherwise the rows go through the CPU (``_uva_device``).
+    Raises ValueError when the two row lists differ in length or name a row outside a pool."""
     as_rows = lambda r: torch.as_tensor(np.ascontiguousarray(r, dtype=np.int64)  # noqa: E731
                                         if not isinstance(r, torch.Tensor) else r).long()
     dst_idx = as_rows(dst_rows)
     n = dst_idx.numel()
     src_idx = torch.arange(n) if src_rows is None else as_rows(src_rows)
-    cuda = dst if dst.is_cuda else src
+    if src_idx.numel() != n:
+        raise ValueError(f"src_rows has {src_idx.numel()} entries, dst_rows {n}")
     if n == 0:
         return
-    if not cuda.is_cuda or not all(t.is_cuda or t.is_pinned() for t in (dst, src)):
+    # the kernel does not bound its row indices: out-of-range rows would read or write past a
+    # pool (a host pool included), where the CPU path raises
+    for name, idx, pool in (("dst_rows", dst_idx, dst), ("src_rows", src_idx, src)):
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < 0 or hi >= pool.shape[0]:
+            raise ValueError(f"{name} must be in [0, {pool.shape[0]}), got {lo} .. {hi}")
+    dev = _uva_device(dst, src)
+    if dev is None:
         dst.index_copy_(0, dst_idx.to(dst.device), src[src_idx.to(src.device)].to(dst.device))
         return
-    s, d = word_view(src.contiguous()), word_view(dst)
-    copy_indexed_rows_kernel[(triton.cdiv(n, rows_per_program),)](
-        s, d, src_idx.to(cuda.device), dst_idx.to(cuda.device), n,
-        **row_tile(s), ROWS=rows_per_program, num_warps=4)
-    torch.cuda.current_stream(cuda.device).synchronize()
+    with torch.cuda.device(dev):       # Triton launches on the current device and its stream
+        s, d = word_view(src.contiguous()), word_view(dst)
+        copy_indexed_rows_kernel[(triton.cdiv(n, rows_per_program),)](
+            s, d, src_idx.to(dev), dst_idx.to(dev), n,
+            **row_tile(s), ROWS=rows_per_program, num_warps=4)
+        torch.cuda.current_stream(dev).synchronize()
+
+
+def _uva_device(dst: torch.Tensor, src: torch.Tensor):
+    """The CUDA device whose kernel may copy ``copy_pool_rows``' rows in place, or None (the
+    rows go through torch): one pool on a CUDA device, the other on the same device or in
+    page-locked host memory; ``dst`` contiguous (the kernel writes row ``r`` at ``r`` rows from
+    its start, whatever the strides); a host ``src`` contiguous (``contiguous()`` of a strided
+    page-locked tensor is a pageable copy the GPU cannot read)."""
+    cuda = dst if dst.is_cuda else src
+    if not cuda.is_cuda or not dst.is_contiguous():
+        return None
+    for t in (dst, src):
+        if t.is_cuda and t.device != cuda.device:
+            return None
+        if not t.is_cuda and not (t.is_pinned() and t.is_contiguous()):
+            return None
+    return cuda.device
 
 
 def anon_huge_fraction(ptr: int, nbytes: int) -> float:

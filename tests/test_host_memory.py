@@ -66,6 +66,95 @@ def test_copy_pool_rows_on_the_cpu_scatters_and_gathers_the_rows():
     assert torch.equal(pool, want)
 
 
+def test_copy_pool_rows_rejects_row_lists_the_kernel_would_overrun():
+    """The UVA kernel bounds neither list: mismatched lengths or rows outside a pool raise a
+    ValueError naming the list (on every path) instead of reading or writing past a pool."""
+    pool = torch.zeros((10, 16), dtype=torch.uint8)
+    rows = torch.ones((4, 16), dtype=torch.uint8)
+    with pytest.raises(ValueError, match="src_rows has 3 entries, dst_rows 4"):
+        copy_pool_rows(pool, [0, 1, 2, 3], rows, [0, 1, 2])
+    with pytest.raises(ValueError, match=r"dst_rows must be in \[0, 10\), got 0 .. 10"):
+        copy_pool_rows(pool, [0, 1, 2, 10], rows)
+    with pytest.raises(ValueError, match=r"src_rows must be in \[0, 4\), got -1 .. 2"):
+        copy_pool_rows(pool, [0, 1, 2, 3], rows, [0, 1, 2, -1])
+    with pytest.raises(ValueError, match=r"src_rows must be in \[0, 4\)"):
+        copy_pool_rows(pool, np.arange(5), rows)            # src_rows None: rows 0 .. 4 of 4
+    assert not pool.any()
+
+
+class _FakePool:
+    """What ``_uva_device`` asks of a pool, without a GPU."""
+
+    def __init__(self, device, pinned=False, contiguous=True):
+        self.device, self.is_cuda = torch.device(device), torch.device(device).type == "cuda"
+        self._pinned, self._contiguous = pinned, contiguous
+
+    def is_pinned(self):
+        return self._pinned
+
+    def is_contiguous(self):
+        return self._contiguous
+
+
+def test_uva_copy_only_between_one_device_and_contiguous_page_locked_memory():
+    """``copy_pool_rows`` takes its UVA kernel only where the kernel is right: never across two
+    CUDA devices (a pointer of one read by the other's kernel), never into a strided ``dst``
+    (the kernel ignores strides) nor from a strided host ``src`` (its contiguous copy would be
+    pageable); the launch goes to the pools' device, not the current one."""
+    from backends.host_memory import _uva_device
+    dev0, dev1 = _FakePool("cuda:0"), _FakePool("cuda:1")
+    host = _FakePool("cpu", pinned=True)
+    assert _uva_device(dev1, host) == torch.device("cuda:1")
+    assert _uva_device(host, dev1) == torch.device("cuda:1")
+    assert _uva_device(dev1, _FakePool("cuda:1", contiguous=False)) == torch.device("cuda:1")
+    assert _uva_device(dev0, dev1) is None and _uva_device(dev1, dev0) is None
+    assert _uva_device(_FakePool("cuda:0", contiguous=False), host) is None
+    assert _uva_device(_FakePool("cpu", pinned=True, contiguous=False), dev0) is None
+    assert _uva_device(dev0, _FakePool("cpu", pinned=True, contiguous=False)) is None
+    assert _uva_device(dev0, _FakePool("cpu")) is None               # pageable
+    assert _uva_device(host, _FakePool("cpu", pinned=True)) is None  # no device
+
+
+@pytest.mark.gpu
+def test_copy_pool_rows_with_strided_pools_on_the_gpu():
+    """A strided device ``dst`` and a strided page-locked ``src`` give the CPU's result."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA (GPU test)")
+    g = torch.Generator().manual_seed(6)
+    rng = np.random.default_rng(6)
+    big = HostRows((400, 656), "pinned").tensor
+    big.copy_(torch.randint(0, 256, big.shape, dtype=torch.uint8, generator=g))
+    src = big[::2]                                    # pinned, strided
+    dev_big = torch.randint(0, 256, (300, 656), dtype=torch.uint8, generator=g).cuda()
+    dst = dev_big[::3]                                # 100 strided device rows
+    s, d = rng.choice(200, 50, replace=False), rng.choice(100, 50, replace=False)
+    want = dev_big.clone()
+    want[::3][torch.from_numpy(d).cuda()] = src[torch.from_numpy(s)].cuda()
+    copy_pool_rows(dst, d, src, s)
+    assert torch.equal(dev_big, want)
+
+
+@pytest.mark.gpu
+def test_copy_pool_rows_on_a_device_other_than_the_current_one():
+    """Pools on cuda:1 while cuda:0 is current, and rows moved between two devices."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA devices (GPU test)")
+    g = torch.Generator().manual_seed(7)
+    rows = torch.randint(0, 256, (64, 656), dtype=torch.uint8, generator=g)
+    pool = HostRows((128, 656), "pinned").tensor
+    pool.zero_()
+    idx = np.random.default_rng(7).choice(128, 64, replace=False)
+    with torch.cuda.device(0):
+        copy_pool_rows(pool, idx, rows.to("cuda:1"))
+        assert torch.equal(pool[torch.from_numpy(idx)], rows)
+        d1 = torch.zeros((128, 656), dtype=torch.uint8, device="cuda:1")
+        copy_pool_rows(d1, idx, pool, idx)
+        assert torch.equal(d1.cpu(), pool)
+        d0 = torch.zeros((128, 656), dtype=torch.uint8, device="cuda:0")
+        copy_pool_rows(d0, idx, d1, idx)
+        assert torch.equal(d0.cpu(), pool)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("alloc", ["pinned", "registered", "thp"])
 def test_copy_pool_rows_between_the_gpu_and_every_host_pool(alloc):
