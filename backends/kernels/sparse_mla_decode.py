@@ -70,7 +70,8 @@ import triton.language as tl
 from backends.kernels.kv_format import FP8_TILE, fp8_ds_mla_offsets, kv_dtype_of, row_bytes
 
 __all__ = ["sparse_mla_decode", "sparse_mla_decode_with_info", "compile_for_arch", "LaunchInfo",
-           "choose_num_splits", "DEFAULT_NUM_SMS"]
+           "choose_num_splits", "DEFAULT_NUM_SMS", "check_decode_inputs", "plan_splits",
+           "combine_splits"]
 
 #: multiprocessors of an H200; used to plan splits when the tensors are not on a GPU
 DEFAULT_NUM_SMS = 132
@@ -442,7 +443,10 @@ class LaunchInfo:
     that every split has a tile). ``n_regs`` (registers per thread), ``n_spills`` (Triton's
     spill count: the kernel's local memory in 4-byte words) and ``smem_bytes`` (shared memory
     per program) describe the compiled main kernel; they are None where nothing was compiled
-    (the Triton interpreter, or an empty top-k).
+    (the Triton interpreter, or an empty top-k). ``kernel`` is ``"triton"`` (this module's
+    kernel) or ``"ws"`` (the warp-specialised Gluon kernel of
+    :mod:`backends.kernels.sparse_mla_decode_ws`: 64-head, 64-token tiles, 8 consumer warps
+    and a producer warpgroup; ``prefetch`` is ``"producer"`` there).
     """
 
     block_h: int
@@ -455,9 +459,12 @@ class LaunchInfo:
     n_regs: Optional[int] = None
     n_spills: Optional[int] = None
     smem_bytes: Optional[int] = None
+    kernel: str = "triton"
 
     def launch_kwargs(self) -> dict:
         """The keyword arguments of ``sparse_mla_decode`` that repeat this launch."""
+        if self.kernel == "ws":
+            return {"kernel": "ws", "num_stages": self.num_stages, "num_splits": self.num_splits}
         return {"block_h": self.block_h, "block_n": self.block_n, "num_warps": self.num_warps,
                 "num_stages": self.num_stages, "num_splits": self.num_splits,
                 "prefetch": self.prefetch, "split_scores": self.split_scores}
@@ -588,65 +595,64 @@ def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Te
     return out, lse
 
 
-def sparse_mla_decode_with_info(
-        q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor,
-        sm_scale: float, d_v: int = 512, *,
-        block_h: Optional[int] = None, block_n: int = 64, num_warps: int = 8,
-        num_stages: Optional[int] = None, num_splits: Optional[int] = None,
-        prefetch: Optional[str] = None, split_scores: Optional[bool] = None,
-        mma_dtype: Optional[torch.dtype] = None,
-        num_sms: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor, LaunchInfo]:
-    """Sparse MQA decode over top-k gathered KV rows (Triton, flash-decoding).
+def plan_splits(q: torch.Tensor, top_k: int, num_slots: int, d_v: int, block_h: int,
+                block_n: int, num_splits: Optional[int], num_sms: Optional[int]):
+    """The flash-decoding plan of one call: ``(out, lse, num_splits, tiles_per_split, part_o,
+    part_lse)``. ``out [B, H, d_v]`` bf16 and ``lse [B, H]`` fp32 are allocated on ``q``'s
+    device; ``num_splits`` (default :func:`choose_num_splits`; ValueError unless an int >= 1)
+    is cut so that every split gets at least one ``block_n`` tile, and is 0 when there is
+    nothing to attend (``top_k`` or ``num_slots`` 0: ``out`` is then 0 and ``lse`` ``+inf``,
+    nothing to launch); ``part_o [B, H, S, d_v]`` / ``part_lse [B, H, S]`` fp32 are the
+    per-split partials for :func:`combine_splits` (``lse`` itself, unused, with one split)."""
+    bsz, num_heads, _ = q.shape
+    if num_sms is None:
+        num_sms = (_num_sms(q.device.index if q.device.index is not None else torch.cuda.current_device())
+                   if q.device.type == "cuda" else DEFAULT_NUM_SMS)
+    if num_splits is None:
+        num_splits = choose_num_splits(bsz, num_heads, max(top_k, 1), block_h=block_h,
+                                       block_n=block_n, num_sms=num_sms, d_v=d_v)
+    if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 1:
+        raise ValueError(f"num_splits must be an int >= 1, got {num_splits!r}")
+    out = torch.empty((bsz, num_heads, d_v), dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty((bsz, num_heads), dtype=torch.float32, device=q.device)
+    if top_k == 0 or num_slots == 0:
+        out.zero_()
+        lse.fill_(math.inf)
+        return out, lse, 0, 0, lse, lse
+    n_tiles = triton.cdiv(top_k, block_n)
+    num_splits = min(num_splits, n_tiles)
+    tiles_per_split = triton.cdiv(n_tiles, num_splits)
+    num_splits = triton.cdiv(n_tiles, tiles_per_split)
+    if num_splits > 1:
+        part_o = torch.empty((bsz, num_heads, num_splits, d_v), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((bsz, num_heads, num_splits), dtype=torch.float32, device=q.device)
+    else:
+        part_o, part_lse = lse, lse
+    return out, lse, num_splits, tiles_per_split, part_o, part_lse
 
-    Args:
-        q: ``[B, H, d_qk]`` torch.bfloat16 absorbed queries (NoPE part first, then rope),
-            unit last-dim stride.
-        kv_cache: flat KV rows ``[num_slots, d_qk]`` torch.bfloat16, or
-            ``[num_slots, row_bytes]`` torch.uint8 ``fp8_ds_mla`` rows with
-            ``d_nope = d_v`` (multiple of 128) and ``d_rope = d_qk - d_v``
-            (see ``harness.kv_format``); unit last-dim stride. A paged cache is passed as
-            ``cache.view(-1, row)``.
-        indices: ``[B, K]`` torch.int32 global slot ids; entries outside
-            ``[0, num_slots)`` (e.g. -1) are masked; duplicates are attended as often as they
-            appear. Unit last-dim stride.
-        sm_scale: softmax scale (finite float > 0) applied to ``q . k``.
-        d_v: V width; V = the first ``d_v`` dims of each KV row.
-        block_h: query heads per program (power of two >= 16); default 64 (H >= 64, and
-            fp8_ds_mla rows with H >= 16: padded heads, as FlashMLA pads to 64 on Hopper; H200,
-            B128 H16 k2048: 150.6 us against 176.5 for 16-head programs, whose ``mma.sync``
-            tiles have no split scores and whose rows are dequantized by 16 heads' warps),
-            else the next power of two >= H (at least 16; bf16 rows at H16: 126.7 us against
-            138.5 padded).
-        block_n: top-k tokens per KV tile (power of two >= 16).
-        num_warps: warps per program of the main kernel (8: two warpgroups share the
-            ``[64, 512]`` float32 accumulator).
-        num_stages: Triton software-pipelining depth of the main loop; default 3 for
-            fp8_ds_mla rows and 2 for bf16 rows (H200: 3 stages of 64-token bf16 tiles do not
-            fit shared memory; fp8_ds_mla rows with ``split_scores`` just fit, see the module
-            doc).
-        num_splits: top-k splits (flash-decoding); default :func:`choose_num_splits`.
-        prefetch: what of tile ``t + 1`` is fetched during tile ``t``, by hand, in
-            registers: ``"none"``, ``"index"`` (its slot ids, so each tile's gather waits on one
-            memory round trip instead of two; the default) or ``"rows"`` (the whole raw
-            tile; spills registers at d_v = 512).
-        split_scores: compute each tile's scores ``S`` once, its tokens split across the
-            warpgroups, and pass ``P`` to the PV product through shared memory
-            (the comment in the main loop), instead of every warpgroup computing all of ``S``;
-            default True for head blocks of 64 or more (two warpgroups share a 64-row MMA:
-            1.18x faster in bf16, 1.03x in fp8_ds_mla at B=128, H=128 on the H200), False
-            below (16- and 32-head programs use mma.sync, where nothing changes).
-        mma_dtype: MMA operand type, torch.bfloat16 or torch.float16; default bf16 on the
-            GPU and fp16 under the Triton interpreter (see the module doc).
-        num_sms: multiprocessors used by the split heuristic; default the device's (132 when
-            not on a GPU).
 
-    Returns:
-        ``out [B, H, d_v]`` torch.bfloat16 and ``lse [B, H]`` torch.float32 (natural log of
-        ``sum exp(sm_scale * q . k)`` over valid indices; ``+inf`` and ``out = 0`` for a row
-        with no valid index), both contiguous on ``q``'s device, and the :class:`LaunchInfo`
-        of the call.
-    """
-    # ---------------- boundary validation (before any launch) ----------------
+def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor,
+                   lse: torch.Tensor) -> None:
+    """Merges per-split partials ``part_o [B, H, S, d_v]`` (normalised o) and ``part_lse
+    [B, H, S]`` (natural log, -inf for an empty split), fp32 contiguous, into ``out [B, H, d_v]``
+    bf16 and ``lse [B, H]`` fp32 (``+inf`` and 0 where every split is empty)."""
+    bsz, num_heads, num_splits, d_v = part_o.shape
+    _sparse_mla_decode_combine[(bsz * num_heads,)](
+        part_o, part_lse,
+        out, out.stride(0), out.stride(1),
+        lse, lse.stride(0),
+        num_heads, num_splits,
+        D_V=d_v, D_V_PAD=triton.next_power_of_2(d_v), S_PAD=triton.next_power_of_2(num_splits),
+        num_warps=4,
+    )
+
+
+def check_decode_inputs(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor,
+                        sm_scale, d_v: int) -> Tuple[str, float]:
+    """Validates the arguments of a sparse MLA decode call (shapes, dtypes, strides, devices;
+    see :func:`sparse_mla_decode_with_info`) before any launch: ``(kind, sm_scale)`` with the KV
+    row format (``"bf16"`` or ``"fp8_ds_mla"``) and the scale as a float; ValueError naming the
+    first bad argument."""
     if not isinstance(q, torch.Tensor) or q.dtype != torch.bfloat16 or q.dim() != 3:
         raise ValueError("q must be a 3-D torch.bfloat16 tensor [B, H, d_qk], got "
                          f"{getattr(q, 'dtype', type(q).__name__)} {tuple(getattr(q, 'shape', ()))}")
@@ -701,6 +707,90 @@ def sparse_mla_decode_with_info(
         raise ValueError(f"sm_scale must be a float, got {sm_scale!r}") from None
     if not math.isfinite(sm_scale) or sm_scale <= 0:
         raise ValueError(f"sm_scale must be finite and > 0, got {sm_scale}")
+    return kind, sm_scale
+
+
+def sparse_mla_decode_with_info(
+        q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor,
+        sm_scale: float, d_v: int = 512, *,
+        block_h: Optional[int] = None, block_n: int = 64, num_warps: int = 8,
+        num_stages: Optional[int] = None, num_splits: Optional[int] = None,
+        prefetch: Optional[str] = None, split_scores: Optional[bool] = None,
+        mma_dtype: Optional[torch.dtype] = None,
+        num_sms: Optional[int] = None,
+        kernel: str = "triton") -> Tuple[torch.Tensor, torch.Tensor, LaunchInfo]:
+    """Sparse MQA decode over top-k gathered KV rows (Triton, flash-decoding).
+
+    Args:
+        q: ``[B, H, d_qk]`` torch.bfloat16 absorbed queries (NoPE part first, then rope),
+            unit last-dim stride.
+        kv_cache: flat KV rows ``[num_slots, d_qk]`` torch.bfloat16, or
+            ``[num_slots, row_bytes]`` torch.uint8 ``fp8_ds_mla`` rows with
+            ``d_nope = d_v`` (multiple of 128) and ``d_rope = d_qk - d_v``
+            (see ``harness.kv_format``); unit last-dim stride. A paged cache is passed as
+            ``cache.view(-1, row)``.
+        indices: ``[B, K]`` torch.int32 global slot ids; entries outside
+            ``[0, num_slots)`` (e.g. -1) are masked; duplicates are attended as often as they
+            appear. Unit last-dim stride.
+        sm_scale: softmax scale (finite float > 0) applied to ``q . k``.
+        d_v: V width; V = the first ``d_v`` dims of each KV row.
+        block_h: query heads per program (power of two >= 16); default 64 (H >= 64, and
+            fp8_ds_mla rows with H >= 16: padded heads, as FlashMLA pads to 64 on Hopper; H200,
+            B128 H16 k2048: 150.6 us against 176.5 for 16-head programs, whose ``mma.sync``
+            tiles have no split scores and whose rows are dequantized by 16 heads' warps),
+            else the next power of two >= H (at least 16; bf16 rows at H16: 126.7 us against
+            138.5 padded).
+        block_n: top-k tokens per KV tile (power of two >= 16).
+        num_warps: warps per program of the main kernel (8: two warpgroups share the
+            ``[64, 512]`` float32 accumulator).
+        num_stages: Triton software-pipelining depth of the main loop; default 3 for
+            fp8_ds_mla rows and 2 for bf16 rows (H200: 3 stages of 64-token bf16 tiles do not
+            fit shared memory; fp8_ds_mla rows with ``split_scores`` just fit, see the module
+            doc).
+        num_splits: top-k splits (flash-decoding); default :func:`choose_num_splits`.
+        prefetch: what of tile ``t + 1`` is fetched during tile ``t``, by hand, in
+            registers: ``"none"``, ``"index"`` (its slot ids, so each tile's gather waits on one
+            memory round trip instead of two; the default) or ``"rows"`` (the whole raw
+            tile; spills registers at d_v = 512).
+        split_scores: compute each tile's scores ``S`` once, its tokens split across the
+            warpgroups, and pass ``P`` to the PV product through shared memory
+            (the comment in the main loop), instead of every warpgroup computing all of ``S``;
+            default True for head blocks of 64 or more (two warpgroups share a 64-row MMA:
+            1.18x faster in bf16, 1.03x in fp8_ds_mla at B=128, H=128 on the H200), False
+            below (16- and 32-head programs use mma.sync, where nothing changes).
+        mma_dtype: MMA operand type, torch.bfloat16 or torch.float16; default bf16 on the
+            GPU and fp16 under the Triton interpreter (see the module doc).
+        num_sms: multiprocessors used by the split heuristic; default the device's (132 when
+            not on a GPU).
+        kernel: ``"triton"`` (this module's kernel) or ``"ws"``: the warp-specialised Gluon
+            kernel (:mod:`backends.kernels.sparse_mla_decode_ws`; Hopper, bf16 rows, heads a
+            multiple of 64), which takes ``num_stages`` (default 2) and ``num_splits`` only:
+            the other launch options must keep their defaults.
+
+    Returns:
+        ``out [B, H, d_v]`` torch.bfloat16 and ``lse [B, H]`` torch.float32 (natural log of
+        ``sum exp(sm_scale * q . k)`` over valid indices; ``+inf`` and ``out = 0`` for a row
+        with no valid index), both contiguous on ``q``'s device, and the :class:`LaunchInfo`
+        of the call.
+    """
+    if kernel == "ws":
+        fixed = dict(block_h=(block_h, None), block_n=(block_n, 64), num_warps=(num_warps, 8),
+                     prefetch=(prefetch, None), split_scores=(split_scores, None),
+                     mma_dtype=(mma_dtype, None))
+        for name, (value, default) in fixed.items():
+            if value != default:
+                raise ValueError(f"{name}={value!r} does not apply to kernel='ws' (its launch "
+                                 "takes num_stages and num_splits only)")
+        from backends.kernels.sparse_mla_decode_ws import sparse_mla_decode_ws
+        return sparse_mla_decode_ws(q, kv_cache, indices, sm_scale, d_v,
+                                    num_splits=num_splits, stages=num_stages or 2,
+                                    num_sms=num_sms)
+    if kernel != "triton":
+        raise ValueError(f"kernel must be 'triton' or 'ws', got {kernel!r}")
+    kind, sm_scale = check_decode_inputs(q, kv_cache, indices, sm_scale, d_v)
+    bsz, num_heads, d_qk = q.shape
+    d_rope = d_qk - d_v
+    num_slots = kv_cache.shape[0]
     block_h, num_stages, split_scores, prefetch = _resolve_launch(
         kind, num_heads, block_h, block_n, num_warps, num_stages, split_scores, prefetch)
     if mma_dtype is None:
@@ -711,28 +801,11 @@ def sparse_mla_decode_with_info(
         raise ValueError("mma_dtype=torch.bfloat16 does not work under TRITON_INTERPRET=1 "
                          "(the interpreter multiplies bf16 bit patterns); use torch.float16")
     top_k = indices.shape[1]
-    n_tiles = triton.cdiv(top_k, block_n)
-    if num_sms is None:
-        num_sms = (_num_sms(q.device.index if q.device.index is not None else torch.cuda.current_device())
-                   if q.device.type == "cuda" else DEFAULT_NUM_SMS)
-    if num_splits is None:
-        num_splits = choose_num_splits(bsz, num_heads, max(top_k, 1), block_h=block_h,
-                                       block_n=block_n, num_sms=num_sms, d_v=d_v)
-    if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 1:
-        raise ValueError(f"num_splits must be an int >= 1, got {num_splits!r}")
-
-    out = torch.empty((bsz, num_heads, d_v), dtype=torch.bfloat16, device=q.device)
-    lse = torch.empty((bsz, num_heads), dtype=torch.float32, device=q.device)
-    if top_k == 0 or num_slots == 0:
-        out.zero_()
-        lse.fill_(math.inf)
+    out, lse, num_splits, tiles_per_split, part_o, part_lse = plan_splits(
+        q, top_k, num_slots, d_v, block_h, block_n, num_splits, num_sms)
+    if num_splits == 0:
         return out, lse, LaunchInfo(block_h, block_n, num_warps, num_stages, 1, prefetch,
                                     split_scores)
-
-    # every split gets at least one tile
-    num_splits = min(num_splits, n_tiles)
-    tiles_per_split = triton.cdiv(n_tiles, num_splits)
-    num_splits = triton.cdiv(n_tiles, tiles_per_split)
     split = num_splits > 1
 
     kv_ptr, stride_kv = kv_cache, kv_cache.stride(0)
@@ -742,13 +815,6 @@ def sparse_mla_decode_with_info(
     else:
         scale_t, rope_t = kv_cache.view(torch.float32), kv_cache.view(torch.bfloat16)
 
-    if split:
-        part_o = torch.empty((bsz, num_heads, num_splits, d_v), dtype=torch.float32, device=q.device)
-        part_lse = torch.empty((bsz, num_heads, num_splits), dtype=torch.float32, device=q.device)
-    else:
-        part_o, part_lse = lse, lse          # unused by the kernel
-
-    d_v_pad = triton.next_power_of_2(d_v)
     num_head_blocks = triton.cdiv(num_heads, block_h)
     grid = (bsz * num_splits * num_head_blocks,)
     kernel = _sparse_mla_decode_fwd[grid](
@@ -767,14 +833,7 @@ def sparse_mla_decode_with_info(
         num_warps=num_warps, num_stages=num_stages,
     )
     if split:
-        _sparse_mla_decode_combine[(bsz * num_heads,)](
-            part_o, part_lse,
-            out, out.stride(0), out.stride(1),
-            lse, lse.stride(0),
-            num_heads, num_splits,
-            D_V=d_v, D_V_PAD=d_v_pad, S_PAD=triton.next_power_of_2(num_splits),
-            num_warps=4,
-        )
+        combine_splits(part_o, part_lse, out, lse)
     # on the GPU the launch returns the compiled kernel (loaded, so its resources are known)
     n_regs, n_spills = getattr(kernel, "n_regs", None), getattr(kernel, "n_spills", None)
     metadata = getattr(kernel, "metadata", None)

@@ -98,6 +98,9 @@ QUICK = Sizes(320, 256, 256, 16, (Shape("quick_B2_H16_k96", 2, 16, 96, ("default
 #: kv formats a tuning variant applies to
 ALL = tuple(KV_DTYPES)
 FP8 = ("fp8_ds_mla",)
+BF16 = ("bf16",)
+#: the warp-specialised Gluon kernel (backends/kernels/sparse_mla_decode_ws.py: Hopper, bf16 rows)
+_WS = (("ws", {"kernel": "ws"}, BF16),)
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,8 @@ _BIG = (("default", {}, ALL),
         ("n32_s3", {"block_n": 32, "num_stages": 3}, ALL),
         ("n32_s4", {"block_n": 32, "num_stages": 4}, ALL),
         ("n32_s5", {"block_n": 32, "num_stages": 5}, FP8),
-        ("n16_s6", {"block_n": 16, "num_stages": 6}, ALL))
+        ("n16_s6", {"block_n": 16, "num_stages": 6}, ALL),
+        *_WS)
 # TP8, H=16: 16-head programs (mma.sync), or 64 padded heads (wgmma) as FlashMLA runs them
 _TP8 = (("default", {}, ALL),
         ("w4", {"num_warps": 4}, ALL),
@@ -152,7 +156,8 @@ def _small(batch: int, auto_splits: int) -> TuneShape:
         ("n32_s3", {"block_n": 32, "num_stages": 3}, ALL),
         ("n32_s4", {"block_n": 32, "num_stages": 4}, ALL),
         (f"split{auto_splits * 2}_n32_s4",
-         {"num_splits": auto_splits * 2, "block_n": 32, "num_stages": 4}, ALL)))
+         {"num_splits": auto_splits * 2, "block_n": 32, "num_stages": 4}, ALL),
+        *_WS))
 
 
 #: the tuning grid (``--tune``); the small-batch split counts bracket ``choose_num_splits``'s

@@ -1,0 +1,350 @@
+"""Warp-specialised sparse MLA decode for Hopper (Gluon): producer warps gather, two
+consumer warpgroups multiply.
+
+Same contract as :func:`backends.kernels.sparse_mla_decode.sparse_mla_decode` (its module doc
+has the semantics) for the shapes FlashMLA's Hopper decode serves: ``d_qk = d_v + d_rope``
+with ``d_v`` and ``d_rope`` powers of two (DeepSeek-V3.2: 512 + 64), query heads in blocks of
+64, bf16 KV rows. Only on a CUDA device of compute capability 9.x (wgmma, mbarriers).
+
+Why a second kernel: the Triton kernel's compiled loop (sm_90a) issues the gather of tile
+``t + 1`` only after tile ``t``'s score MMAs and softmax, so the gather latency overlaps the PV
+MMA alone (BENCHMARKS 6k). Here the partitions of ``gl.warp_specialize`` keep the gather off
+that path, as FlashMLA's producer warps do:
+
+* **producer** (one warpgroup, few registers): loads the query block once, then for every
+  64-token tile waits for a free stage (``empty`` mbarrier), reads the tile's slot ids and
+  copies the rows into shared memory with ``cp.async`` (16-byte vectors, zero-filled for a
+  masked id), waits for its own copies, fences them for the tensor cores (async proxy) and
+  signals the stage ``ready``. With ``STAGES`` stages it runs up to ``STAGES - 1`` tiles ahead.
+* **consumers** (the default partition, two warpgroups): per tile, ``S = q k^T`` as one
+  64 x 64 wgmma whose warps are laid out ``[4, 2]`` (each warpgroup computes half of the
+  tokens for all 64 heads, so ``S`` is computed once), a base-2 online softmax (the row max
+  across the warpgroups by the compiler's reduction), then ``acc += P V`` as a 64 x 512 wgmma
+  with the same warp layout (each warpgroup owns 256 of the V columns; ``P`` reaches both
+  through the layout conversion), and the stage goes back to the producer. The row sums are
+  accumulated per element and reduced once at the end.
+
+Shared memory at 64 heads, 64-token tiles, d_qk 576: the query block 72 KB, a bf16 stage 72 KB;
+two stages fill the 227 KB a program may have.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Optional, Tuple
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier,
+                                                              warpgroup_mma, warpgroup_mma_wait)
+
+from backends.kernels.sparse_mla_decode import (LaunchInfo, check_decode_inputs, combine_splits,
+                                                plan_splits)
+
+__all__ = ["sparse_mla_decode_ws", "ws_supported", "WS_BLOCK_H", "WS_BLOCK_N"]
+
+#: query heads a program serves (one wgmma M) and top-k tokens a tile holds
+WS_BLOCK_H = 64
+WS_BLOCK_N = 64
+#: rows a producer copy instruction group covers (bounds the producer's registers)
+_ROWS = 16
+_PRODUCER_WARPS = 4
+_PRODUCER_REGS = 48
+#: registers per thread of the whole program: 12 warps x 32 x 168 <= 64 K; consumers get
+#: (168 * 12 - 48 * 4) / 8 = 228
+_MAXNREG = 168
+_LOG2E = 1.4426950408889634
+#: names that differ between Triton 3.6 (the GPU machine's) and later versions: a barrier over
+#: the warps of the calling partition, and the cp.async copy into shared memory
+_partition_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+_cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+
+
+@gluon.jit
+def _copy_rows(dst, base_ptr, row, valid, stride, col0, WIDTH: gl.constexpr,
+               layout: gl.constexpr):
+    """Issues ``cp.async`` copies of ``WIDTH`` bf16 values of each row ``row [R]`` (int64, in
+    ``SliceLayout(1, layout)``) starting at column ``col0`` into ``dst [R, WIDTH]``; rows not
+    ``valid`` are zero-filled."""
+    cols = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
+    ptrs = base_ptr + row[:, None] * stride + col0 + cols[None, :]
+    _cp_async(dst, ptrs, mask=valid[:, None])
+
+
+@gluon.jit
+def _producer(q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv, idx_ptr, stride_ib,
+              b, h0, H, t_begin, t_end, lim, num_slots,
+              q_nope, q_rope, kv_nope, kv_rope, q_bar, ready, empty,
+              D_V: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
+              BLOCK_N: gl.constexpr, ROWS: gl.constexpr, STAGES: gl.constexpr,
+              WARPS: gl.constexpr):
+    nope_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])
+    rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
+    # ---- the query block, once ----
+    for c in gl.static_range(BLOCK_H // ROWS):
+        hn = h0 + c * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, nope_l))
+        _copy_rows(q_nope.slice(c * ROWS, ROWS), q_ptr + b.to(gl.int64) * stride_qb,
+                   hn.to(gl.int64), hn < H, stride_qh, 0, D_V, nope_l)
+        hr = h0 + c * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, rope_l))
+        _copy_rows(q_rope.slice(c * ROWS, ROWS), q_ptr + b.to(gl.int64) * stride_qb,
+                   hr.to(gl.int64), hr < H, stride_qh, D_V, D_ROPE, rope_l)
+    async_copy.commit_group()
+    async_copy.wait_group(0)
+    fence_async_shared()
+    _partition_barrier()
+    mbarrier.arrive(q_bar, count=1)
+    # ---- the KV tiles of this split ----
+    idx_row = idx_ptr + b.to(gl.int64) * stride_ib
+    for t in range(t_begin, t_end):
+        i = t - t_begin
+        s = i % STAGES
+        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+        for c in gl.static_range(BLOCK_N // ROWS):
+            on = t * BLOCK_N + c * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, nope_l))
+            idx = gl.load(idx_row + on, mask=on < lim, other=-1)
+            ok = (idx >= 0) & (idx < num_slots)
+            _copy_rows(kv_nope.index(s).slice(c * ROWS, ROWS), kv_ptr,
+                       gl.where(ok, idx, 0).to(gl.int64), ok, stride_kv, 0, D_V, nope_l)
+            ok_r = gl.convert_layout(ok, gl.SliceLayout(1, rope_l))
+            idx_r = gl.convert_layout(idx, gl.SliceLayout(1, rope_l))
+            _copy_rows(kv_rope.index(s).slice(c * ROWS, ROWS), kv_ptr,
+                       gl.where(ok_r, idx_r, 0).to(gl.int64), ok_r, stride_kv, D_V, D_ROPE,
+                       rope_l)
+        async_copy.commit_group()
+        async_copy.wait_group(0)
+        fence_async_shared()
+        _partition_barrier()
+        mbarrier.arrive(ready.index(s), count=1)
+
+
+@gluon.jit
+def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
+              part_o_ptr, part_lse_ptr,
+              b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
+              q_nope, q_rope, kv_nope, kv_rope, q_bar, ready, empty,
+              D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, SPLIT: gl.constexpr):
+    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                  instr_shape=[16, BLOCK_N // 2, 16])
+    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                  instr_shape=[16, D_V // 2, 16])
+    p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_l)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_l)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_l)
+
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=row_s)
+    l_el = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_l)   # row sums, per element
+    acc = gl.zeros([BLOCK_H, D_V], gl.float32, layout=o_l)
+    s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_l)
+
+    idx_row = idx_ptr + b.to(gl.int64) * stride_ib
+    offs_n = gl.arange(0, BLOCK_N, layout=col_s)
+    on = t_begin * BLOCK_N + offs_n
+    n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
+    mbarrier.wait(q_bar, 0)
+    for t in range(t_begin, t_end):
+        i = t - t_begin
+        s = i % STAGES
+        idx = n_idx
+        on = (t + 1) * BLOCK_N + offs_n                 # the next tile's ids, early
+        n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
+        valid = (idx >= 0) & (idx < num_slots)
+
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        kn = kv_nope.index(s)
+        sc = warpgroup_mma(q_nope, kn.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        sc = warpgroup_mma(q_rope, kv_rope.index(s).permute((1, 0)), sc, is_async=True)
+        sc = warpgroup_mma_wait(0, deps=[sc])
+
+        sc = gl.where(valid[None, :], sc * qk_scale_log2, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(sc, axis=1))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(sc - m_use[:, None])
+        l_el = l_el * alpha[:, None] + p
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+        p_op = gl.convert_layout(p.to(gl.bfloat16), p_l)
+        acc = warpgroup_mma(p_op, kn, acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        _partition_barrier()
+        mbarrier.arrive(empty.index(s), count=1)
+        m_i = m_new
+
+    l_i = gl.sum(l_el, axis=1)
+    has = l_i > 0.0
+    l_safe = gl.where(has, l_i, 1.0)
+    lse2 = m_i + gl.log2(l_safe)
+    o = acc / gl.convert_layout(l_safe, row_o)[:, None]
+    offs_h = h0 + gl.arange(0, BLOCK_H, layout=row_o)
+    offs_v = gl.arange(0, D_V, layout=gl.SliceLayout(0, o_l))
+    h_ok = offs_h < H
+    offs_hs = h0 + gl.arange(0, BLOCK_H, layout=row_s)
+    if SPLIT:
+        part_o = (((b * H + offs_h).to(gl.int64) * num_splits + split) * D_V)
+        gl.store(part_o_ptr + part_o[:, None] + offs_v[None, :], o, mask=h_ok[:, None])
+        part_l = (b * H + offs_hs).to(gl.int64) * num_splits + split
+        gl.store(part_lse_ptr + part_l, gl.where(has, lse2 * 0.6931471805599453, float("-inf")),
+                 mask=offs_hs < H)
+    else:
+        o_row = out_ptr + b.to(gl.int64) * stride_ob + offs_h.to(gl.int64) * stride_oh
+        gl.store(o_row[:, None] + offs_v[None, :], o.to(gl.bfloat16), mask=h_ok[:, None])
+        gl.store(lse_ptr + b.to(gl.int64) * stride_lb + offs_hs,
+                 gl.where(has, lse2 * 0.6931471805599453, float("inf")), mask=offs_hs < H)
+
+
+@gluon.jit
+def _sparse_mla_decode_ws_fwd(
+        q_ptr, stride_qb, stride_qh,          # q [B, H, D_V + D_ROPE] bf16
+        kv_ptr, stride_kv,                    # bf16 rows [N, D_V + D_ROPE]
+        idx_ptr, stride_ib,                   # indices [B, K] int32
+        out_ptr, stride_ob, stride_oh,        # out [B, H, D_V] bf16        (not SPLIT)
+        lse_ptr, stride_lb,                   # lse [B, H] fp32             (not SPLIT)
+        part_o_ptr, part_lse_ptr,             # [B, H, S, D_V] / [B, H, S] fp32 (SPLIT)
+        H, K, num_slots, num_splits, tiles_per_split, num_head_blocks,
+        qk_scale_log2,
+        D_V: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+        STAGES: gl.constexpr, ROWS: gl.constexpr, SPLIT: gl.constexpr,
+        PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+    pid = gl.program_id(0)
+    hb = pid % num_head_blocks
+    rest = pid // num_head_blocks
+    split = rest % num_splits
+    b = rest // num_splits
+    h0 = hb * BLOCK_H
+    n_tiles = gl.cdiv(K, BLOCK_N)
+    t_begin = split * tiles_per_split
+    t_end = gl.minimum(t_begin + tiles_per_split, n_tiles)
+    lim = gl.minimum(K, t_end * BLOCK_N)
+
+    sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    q_nope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, D_V], sh)
+    q_rope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, D_ROPE], sh)
+    kv_nope = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D_V], sh)
+    kv_rope = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D_ROPE], sh)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for j in gl.static_range(STAGES):
+        mbarrier.init(ready.index(j), count=1)
+        mbarrier.init(empty.index(j), count=1)
+
+    gl.warp_specialize([
+        (_consumer, (idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
+                     part_o_ptr, part_lse_ptr,
+                     b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
+                     q_nope, q_rope, kv_nope, kv_rope, q_bar, ready, empty,
+                     D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT)),
+        (_producer, (q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv, idx_ptr, stride_ib,
+                     b, h0, H, t_begin, t_end, lim, num_slots,
+                     q_nope, q_rope, kv_nope, kv_rope, q_bar, ready, empty,
+                     D_V, D_ROPE, BLOCK_H, BLOCK_N, ROWS, STAGES, PRODUCER_WARPS)),
+    ], [PRODUCER_WARPS], [PRODUCER_REGS])
+
+
+def ws_supported(q: torch.Tensor, kv_cache: torch.Tensor, d_v: int) -> Optional[str]:
+    """Why the warp-specialised kernel cannot serve these inputs (one line), or None when it
+    can: a CUDA device of compute capability 9.x, bf16 KV rows, ``d_v`` and ``d_qk - d_v``
+    powers of two with ``d_v`` in [64, 512] and ``d_qk - d_v`` in [16, 128], and the heads a
+    multiple of 64."""
+    if q.device.type != "cuda":
+        return f"needs a CUDA device (tensors on {q.device})"
+    major = torch.cuda.get_device_capability(q.device)[0]
+    if major != 9:
+        return f"needs compute capability 9.x (wgmma), this device has {major}.x"
+    if kv_cache.dtype != torch.bfloat16:
+        return f"serves bf16 KV rows only, got {kv_cache.dtype}"
+    d_rope = q.shape[-1] - d_v
+    if not (64 <= d_v <= 512 and d_v & (d_v - 1) == 0 and 16 <= d_rope <= 128
+            and d_rope & (d_rope - 1) == 0):
+        return (f"needs d_v a power of two in [64, 512] and d_qk - d_v one in [16, 128], got "
+                f"d_v={d_v}, d_rope={d_rope}")
+    if q.shape[1] % WS_BLOCK_H != 0:
+        return f"needs the query heads a multiple of {WS_BLOCK_H}, got {q.shape[1]}"
+    return None
+
+
+def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor,
+                         sm_scale: float, d_v: int = 512, *, num_splits: Optional[int] = None,
+                         stages: int = 2, num_sms: Optional[int] = None
+                         ) -> Tuple[torch.Tensor, torch.Tensor, LaunchInfo]:
+    """Sparse MQA decode over top-k gathered bf16 KV rows, warp-specialised (Hopper).
+
+    Args and returns as :func:`backends.kernels.sparse_mla_decode.sparse_mla_decode_with_info`
+    (``q [B, H, d_qk]`` bf16, ``kv_cache [num_slots, d_qk]`` bf16, ``indices [B, K]`` int32 ->
+    ``out [B, H, d_v]`` bf16, ``lse [B, H]`` fp32 natural log, and the call's
+    :class:`~backends.kernels.sparse_mla_decode.LaunchInfo`), within the limits of
+    :func:`ws_supported` (ValueError naming the limit otherwise, before any launch).
+    ``num_splits``: top-k splits (flash-decoding; default the same wave model);
+    ``stages``: KV tiles in shared memory (2 at d_qk 576; 1 serialises gather and MMAs).
+    """
+    _, sm_scale = check_decode_inputs(q, kv_cache, indices, sm_scale, d_v)
+    why = ws_supported(q, kv_cache, d_v)
+    if why is not None:
+        raise ValueError(f"sparse_mla_decode_ws {why}")
+    if not isinstance(stages, int) or isinstance(stages, bool) or stages < 1:
+        raise ValueError(f"stages must be an int >= 1, got {stages!r}")
+    bsz, num_heads, d_qk = q.shape
+    top_k, num_slots = indices.shape[1], kv_cache.shape[0]
+    out, lse, num_splits, tiles_per_split, part_o, part_lse = plan_splits(
+        q, top_k, num_slots, d_v, WS_BLOCK_H, WS_BLOCK_N, num_splits, num_sms)
+    info = LaunchInfo(WS_BLOCK_H, WS_BLOCK_N, 8, stages, max(num_splits, 1), "producer", True,
+                      kernel="ws")
+    if num_splits == 0:
+        return out, lse, info
+    num_head_blocks = num_heads // WS_BLOCK_H
+    kernel = _sparse_mla_decode_ws_fwd[(bsz * num_splits * num_head_blocks,)](
+        q, q.stride(0), q.stride(1),
+        kv_cache, kv_cache.stride(0),
+        indices, indices.stride(0),
+        out, out.stride(0), out.stride(1),
+        lse, lse.stride(0),
+        part_o, part_lse,
+        num_heads, top_k, num_slots, num_splits, tiles_per_split, num_head_blocks,
+        sm_scale * _LOG2E,
+        D_V=d_v, D_ROPE=d_qk - d_v, BLOCK_H=WS_BLOCK_H, BLOCK_N=WS_BLOCK_N, STAGES=stages,
+        ROWS=_ROWS, SPLIT=num_splits > 1, PRODUCER_WARPS=_PRODUCER_WARPS,
+        PRODUCER_REGS=_PRODUCER_REGS,
+        num_warps=8, maxnreg=_MAXNREG,
+    )
+    if num_splits > 1:
+        combine_splits(part_o, part_lse, out, lse)
+    n_regs, n_spills = getattr(kernel, "n_regs", None), getattr(kernel, "n_spills", None)
+    return out, lse, replace(info, n_regs=None if n_regs is None else int(n_regs),
+                             n_spills=None if n_spills is None else int(n_spills),
+                             smem_bytes=getattr(getattr(kernel, "metadata", None), "shared", None))
+
+
+def compile_for_sm90(*, d_v: int = 512, d_rope: int = 64, stages: int = 2, split: bool = False):
+    """The kernel compiled by the installed Triton for sm_90a without a GPU (a
+    ``triton.compiler.CompiledKernel``: ``asm["ttgir" | "ptx" | "cubin"]``,
+    ``metadata.shared`` in bytes), with the divisibility Triton specialises for contiguous
+    DeepSeek-V3.2-sized tensors. For inspecting what the compiler makes of it, not for
+    running it."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn = _sparse_mla_decode_ws_fwd
+    names = list(fn.arg_names)
+    const = dict(D_V=d_v, D_ROPE=d_rope, BLOCK_H=WS_BLOCK_H, BLOCK_N=WS_BLOCK_N, STAGES=stages,
+                 ROWS=_ROWS, SPLIT=split, PRODUCER_WARPS=_PRODUCER_WARPS,
+                 PRODUCER_REGS=_PRODUCER_REGS)
+    ptrs = dict(q_ptr="*bf16", kv_ptr="*bf16", idx_ptr="*i32", out_ptr="*bf16",
+                lse_ptr="*fp32", part_o_ptr="*fp32", part_lse_ptr="*fp32")
+    div16 = {"stride_qb", "stride_qh", "stride_kv", "stride_ib", "stride_ob", "stride_oh",
+             "stride_lb", "H", "K"}
+    signature, attrs = {}, {}
+    for i, n in enumerate(names):
+        if n in const:
+            signature[n] = "constexpr"
+            continue
+        signature[n] = ptrs.get(n, "fp32" if n == "qk_scale_log2" else "i32")
+        if n in ptrs or n in div16:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    src = GluonASTSource(fn=fn, signature=signature, attrs=attrs,
+                         constexprs={(names.index(n),): v for n, v in const.items()})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=8, maxnreg=_MAXNREG))

@@ -1,0 +1,140 @@
+"""The warp-specialised Gluon sparse MLA decode (``kernel="ws"``) against the plain-torch
+reference, its input limits, and what the compiler makes of it for sm_90a.
+
+Tolerances are those of tests/test_sparse_mla_decode.py (same rounding: bf16 P and output).
+The kernel needs Hopper: the reference checks run on the GPU only; the compile check runs
+anywhere the installed Triton can compile for sm_90a (no GPU needed).
+"""
+import math
+
+import pytest
+import torch
+
+from backends.kernels.sparse_mla_decode import sparse_mla_decode, sparse_mla_decode_with_info
+from backends.kernels.sparse_mla_decode_ws import ws_supported
+from harness.reference import sparse_mla_decode_ref
+
+REL_TOL = 1e-2
+LSE_TOL = 1e-3
+
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+def _inputs(seed, b, h, d_v, d_rope, k, num_slots, device, pad_frac=0.1):
+    g = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(b, h, d_v + d_rope, generator=g, device=device).to(torch.bfloat16)
+    kv = (torch.randn(num_slots, d_v + d_rope, generator=g, device=device) * 2).to(torch.bfloat16)
+    idx = torch.randint(0, num_slots, (b, k), generator=g, device=device, dtype=torch.int32)
+    idx[torch.rand(b, k, generator=g, device=device) < pad_frac] = -1
+    return q, kv, idx
+
+
+def _check(q, kv, idx, d_v, **kw):
+    sm_scale = q.shape[-1] ** -0.5
+    out, lse, info = sparse_mla_decode_with_info(q, kv, idx, sm_scale, d_v, kernel="ws", **kw)
+    ref_out, ref_lse = sparse_mla_decode_ref(q, kv, idx, sm_scale, d_v)
+    assert info.kernel == "ws" and out.shape == (q.shape[0], q.shape[1], d_v)
+    rel = ((out.float() - ref_out).norm() / ref_out.norm()).item()
+    fin = torch.isfinite(ref_lse)
+    assert torch.equal(fin, torch.isfinite(lse)) and torch.all(lse[~fin] == ref_lse[~fin])
+    assert rel <= REL_TOL, rel
+    assert (lse[fin] - ref_lse[fin]).abs().max().item() <= LSE_TOL
+    return out, lse, info
+
+
+# ------------------------------- anywhere: input limits -------------------------------
+
+def test_options_that_do_not_apply_are_refused():
+    q, kv, idx = _inputs(1, b=1, h=64, d_v=256, d_rope=64, k=64, num_slots=128,
+                         device=torch.device("cpu"))
+    for kw, name in [({"block_h": 32}, "block_h"), ({"block_n": 32}, "block_n"),
+                     ({"num_warps": 4}, "num_warps"), ({"prefetch": "none"}, "prefetch"),
+                     ({"split_scores": False}, "split_scores"),
+                     ({"mma_dtype": torch.float16}, "mma_dtype")]:
+        with pytest.raises(ValueError, match=f"{name}=.*kernel='ws'"):
+            sparse_mla_decode(q, kv, idx, 0.1, 256, kernel="ws", **kw)
+    with pytest.raises(ValueError, match="kernel must be 'triton' or 'ws'"):
+        sparse_mla_decode(q, kv, idx, 0.1, 256, kernel="cuda")
+
+
+def test_limits_are_named_before_any_launch():
+    cpu = torch.device("cpu")
+    q, kv, idx = _inputs(2, b=1, h=64, d_v=256, d_rope=64, k=64, num_slots=128, device=cpu)
+    assert "CUDA device" in ws_supported(q, kv, 256)
+    with pytest.raises(ValueError, match="sparse_mla_decode_ws needs a CUDA device"):
+        sparse_mla_decode(q, kv, idx, 0.1, 256, kernel="ws")
+    # the common checks come first: a bad index dtype is named as such
+    with pytest.raises(ValueError, match="indices must be a 2-D torch.int32"):
+        sparse_mla_decode(q, kv, idx.long(), 0.1, 256, kernel="ws")
+    if _hopper():
+        dev = torch.device("cuda")
+        q, kv, idx = _inputs(3, b=1, h=48, d_v=256, d_rope=64, k=64, num_slots=128, device=dev)
+        assert "multiple of 64" in ws_supported(q, kv, 256)
+        q, kv, idx = _inputs(3, b=1, h=64, d_v=256, d_rope=48, k=64, num_slots=128, device=dev)
+        assert "power of two" in ws_supported(q, kv, 256)
+
+
+# ------------------------------- anywhere: the sm_90a compile -------------------------------
+
+_WS_COMPILE = r"""
+import json
+from backends.kernels.sparse_mla_decode_ws import compile_for_sm90
+k = compile_for_sm90(d_v=512, d_rope=64, stages=2)
+ptx = k.asm["ptx"]
+print(json.dumps({"shared": k.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
+                  "cp_async": ptx.count("cp.async.cg") + ptx.count("cp.async.ca"),
+                  "maxnreg": sorted(set(l.split()[0] + " " + l.split()[-1].rstrip(";")
+                                        for l in ptx.splitlines() if "setmaxnreg" in l))}))
+"""
+
+
+def test_compiles_for_sm90_within_shared_memory():
+    """Compiled for sm_90a by the installed Triton in a process of its own (no GPU): the
+    partitions get register budgets of their own (setmaxnreg), the score and PV MMAs are
+    wgmma (36 k-steps of the 576-wide scores, 4 of the 64-token PV: 40 per tile), the gather is
+    cp.async, and the query block and two stages fit the H200's shared memory."""
+    from tests.test_sparse_mla_decode import _H200_SMEM, _compile_report
+    rep = _compile_report(_WS_COMPILE)
+    assert rep["wgmma"] == 40, rep
+    assert rep["cp_async"] > 0 and any(m.startswith("setmaxnreg.dec") for m in rep["maxnreg"]), rep
+    assert 3 * (64 * 576 * 2) <= rep["shared"] <= _H200_SMEM, rep
+
+
+# ------------------------------- GPU (Hopper) -------------------------------
+
+hopper = pytest.mark.skipif(not _hopper(), reason="needs a Hopper GPU (wgmma)")
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("num_splits", [1, 3, None])
+@pytest.mark.parametrize("stages", [1, 2])
+def test_dsv32_size_matches_reference(num_splits, stages):
+    dev = torch.device("cuda")
+    b = 6
+    q, kv, idx = _inputs(100 + stages, b=b, h=128, d_v=512, d_rope=64, k=2000, num_slots=65536,
+                         device=dev)
+    idx[b - 1] = -1                                  # one fully masked row
+    idx[0, :64] = idx[0, 64]                         # a duplicated slot, 65 times
+    out, lse, info = _check(q, kv, idx, 512, num_splits=num_splits, num_stages=stages)
+    assert torch.all(out[b - 1] == 0) and torch.all(lse[b - 1] == math.inf)
+    assert info.num_stages == stages and (num_splits is None or info.num_splits == num_splits)
+    assert info.n_spills == 0 and info.smem_bytes <= 232448
+    # the same numbers as the Triton kernel within the tolerance, on the same inputs
+    tri, _ = sparse_mla_decode(q, kv, idx, 576 ** -0.5, 512)
+    assert ((out.float() - tri.float()).norm() / tri.float().norm()).item() <= REL_TOL
+
+
+@pytest.mark.gpu
+@hopper
+def test_other_widths_and_a_partial_tile():
+    dev = torch.device("cuda")
+    # d_v 256 + d_rope 64 at 64 heads; top_k 100: one full and one partial 64-token tile
+    q, kv, idx = _inputs(7, b=3, h=64, d_v=256, d_rope=64, k=100, num_slots=500, device=dev)
+    _check(q, kv, idx, 256, num_splits=2)
+    _check(q, kv, idx, 256, num_splits=1)
+    # an empty top-k: zeros and +inf without a launch
+    out, lse, _ = sparse_mla_decode_with_info(q, kv, idx[:, :0], 0.1, 256, kernel="ws")
+    assert torch.all(out == 0) and torch.all(lse == math.inf)
