@@ -39,20 +39,24 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier,
                                                               warpgroup_mma, warpgroup_mma_wait)
 
-from backends.kernels.sparse_mla_decode import (LaunchInfo, check_decode_inputs, combine_splits,
-                                                plan_splits)
+from backends.kernels.kv_format import fp8_ds_mla_offsets
+from backends.kernels.sparse_mla_decode import (LaunchInfo, _row_views, check_decode_inputs,
+                                                combine_splits, plan_splits)
 
 __all__ = ["sparse_mla_decode_ws", "ws_supported", "WS_BLOCK_H", "WS_BLOCK_N"]
 
 #: query heads a program serves (one wgmma M) and top-k tokens a tile holds
 WS_BLOCK_H = 64
 WS_BLOCK_N = 64
-#: rows a producer copy instruction group covers (bounds the producer's registers)
-_ROWS = 16
 _PRODUCER_WARPS = 4
-_PRODUCER_REGS = 48
-#: registers per thread of the whole program: 12 warps x 32 x 168 <= 64 K; consumers get
-#: (168 * 12 - 48 * 4) / 8 = 228
+#: per KV format: rows a producer step covers and the producer's registers a thread (bf16: the
+#: cp.async addresses; fp8_ds_mla: the bytes and their dequantized values in registers)
+_ROWS = {"bf16": 16, "fp8_ds_mla": 8}
+_PRODUCER_REGS = {"bf16": 48, "fp8_ds_mla": 56}
+#: registers per thread of the whole program: 12 warps x 32 x 168 <= 64 K; the consumers get
+#: (168 * 12 - regs * 4) / 8 (bf16 228, fp8_ds_mla 224). ptxas 12.8 (Triton 3.6) for sm_90a:
+#: no spills for bf16 rows; 20 bytes for fp8_ds_mla rows, fewer producer registers or rows do
+#: not remove them and more move them to the consumers
 _MAXNREG = 168
 _LOG2E = 1.4426950408889634
 #: names that differ between Triton 3.6 (the GPU machine's) and later versions: a barrier over
@@ -63,32 +67,54 @@ _cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_glo
 
 @gluon.jit
 def _copy_rows(dst, base_ptr, row, valid, stride, col0, WIDTH: gl.constexpr,
-               layout: gl.constexpr):
+               layout: gl.constexpr, VEC: gl.constexpr):
     """Issues ``cp.async`` copies of ``WIDTH`` bf16 values of each row ``row [R]`` (int64, in
     ``SliceLayout(1, layout)``) starting at column ``col0`` into ``dst [R, WIDTH]``; rows not
-    ``valid`` are zero-filled."""
+    ``valid`` are zero-filled. ``VEC``: a power of two dividing ``stride`` and ``col0`` (8: the
+    16-byte copies cp.async needs)."""
     cols = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
-    ptrs = base_ptr + row[:, None] * stride + col0 + cols[None, :]
-    _cp_async(dst, ptrs, mask=valid[:, None])
+    start = gl.multiple_of(row * stride + col0, VEC)
+    _cp_async(dst, base_ptr + start[:, None] + cols[None, :], mask=valid[:, None])
 
 
 @gluon.jit
-def _producer(q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv, idx_ptr, stride_ib,
+def _dequant_rows(dst, kv_ptr, stride_kv, scale_ptr, stride_scale, scale_off, idx,
+                  D_V: gl.constexpr, ROWS: gl.constexpr, fp8_l: gl.constexpr):
+    """Loads the fp8 NoPE bytes and the per-128 scales of ``ROWS`` fp8_ds_mla rows (``idx``
+    int32 ids, -1 for none: zeros), dequantizes them (fp8 e4m3 x scale, rounded to bf16) and
+    stores ``dst [ROWS, D_V]`` bf16."""
+    G: gl.constexpr = D_V // 128
+    ok = (idx >= 0)
+    row = gl.where(ok, idx, 0).to(gl.int64)
+    g = gl.arange(0, G, layout=gl.SliceLayout(0, gl.SliceLayout(2, fp8_l)))
+    e = gl.arange(0, 128, layout=gl.SliceLayout(0, gl.SliceLayout(1, fp8_l)))
+    raw = gl.load(kv_ptr + row[:, None, None] * stride_kv + g[None, :, None] * 128
+                  + e[None, None, :], mask=ok[:, None, None], other=0)
+    sc = gl.load(scale_ptr + row[:, None] * stride_scale + scale_off + g[None, :],
+                 mask=ok[:, None], other=0.0)
+    vals = raw.to(gl.float8e4nv, bitcast=True).to(gl.float32) * sc[:, :, None]
+    dst.store(gl.reshape(vals.to(gl.bfloat16), [ROWS, D_V]))
+
+
+@gluon.jit
+def _producer(q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
+              scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
+              idx_ptr, stride_ib,
               b, h0, H, t_begin, t_end, lim, num_slots,
               q_nope, q_rope, kv_nope, kv_rope, q_bar, ready, empty,
               D_V: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
               BLOCK_N: gl.constexpr, ROWS: gl.constexpr, STAGES: gl.constexpr,
-              WARPS: gl.constexpr):
+              WARPS: gl.constexpr, IS_FP8: gl.constexpr, fp8_l: gl.constexpr):
     nope_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])
     rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
     # ---- the query block, once ----
     for c in gl.static_range(BLOCK_H // ROWS):
         hn = h0 + c * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, nope_l))
         _copy_rows(q_nope.slice(c * ROWS, ROWS), q_ptr + b.to(gl.int64) * stride_qb,
-                   hn.to(gl.int64), hn < H, stride_qh, 0, D_V, nope_l)
+                   hn.to(gl.int64), hn < H, stride_qh, 0, D_V, nope_l, 8)
         hr = h0 + c * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, rope_l))
         _copy_rows(q_rope.slice(c * ROWS, ROWS), q_ptr + b.to(gl.int64) * stride_qb,
-                   hr.to(gl.int64), hr < H, stride_qh, D_V, D_ROPE, rope_l)
+                   hr.to(gl.int64), hr < H, stride_qh, D_V, D_ROPE, rope_l, 8)
     async_copy.commit_group()
     async_copy.wait_group(0)
     fence_async_shared()
@@ -101,16 +127,24 @@ def _producer(q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv, idx_ptr, stride_ib
         s = i % STAGES
         mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
         for c in gl.static_range(BLOCK_N // ROWS):
-            on = t * BLOCK_N + c * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, nope_l))
+            on = t * BLOCK_N + c * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, rope_l))
             idx = gl.load(idx_row + on, mask=on < lim, other=-1)
             ok = (idx >= 0) & (idx < num_slots)
-            _copy_rows(kv_nope.index(s).slice(c * ROWS, ROWS), kv_ptr,
-                       gl.where(ok, idx, 0).to(gl.int64), ok, stride_kv, 0, D_V, nope_l)
-            ok_r = gl.convert_layout(ok, gl.SliceLayout(1, rope_l))
-            idx_r = gl.convert_layout(idx, gl.SliceLayout(1, rope_l))
-            _copy_rows(kv_rope.index(s).slice(c * ROWS, ROWS), kv_ptr,
-                       gl.where(ok_r, idx_r, 0).to(gl.int64), ok_r, stride_kv, D_V, D_ROPE,
-                       rope_l)
+            idx = gl.where(ok, idx, -1)
+            _copy_rows(kv_rope.index(s).slice(c * ROWS, ROWS), rope_ptr,
+                       gl.where(ok, idx, 0).to(gl.int64), ok, stride_rope, rope_off, D_ROPE,
+                       rope_l, 8)
+            if IS_FP8:
+                _dequant_rows(kv_nope.index(s).slice(c * ROWS, ROWS), kv_ptr, stride_kv,
+                              scale_ptr, stride_scale, scale_off,
+                              gl.convert_layout(idx, gl.SliceLayout(1, gl.SliceLayout(2, fp8_l))),
+                              D_V, ROWS, fp8_l)
+            else:
+                ok_n = gl.convert_layout(ok, gl.SliceLayout(1, nope_l))
+                idx_n = gl.convert_layout(idx, gl.SliceLayout(1, nope_l))
+                _copy_rows(kv_nope.index(s).slice(c * ROWS, ROWS), kv_ptr,
+                           gl.where(ok_n, idx_n, 0).to(gl.int64), ok_n, stride_kv, 0, D_V,
+                           nope_l, 8)
         async_copy.commit_group()
         async_copy.wait_group(0)
         fence_async_shared()
@@ -197,7 +231,9 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
 @gluon.jit
 def _sparse_mla_decode_ws_fwd(
         q_ptr, stride_qb, stride_qh,          # q [B, H, D_V + D_ROPE] bf16
-        kv_ptr, stride_kv,                    # bf16 rows [N, D_V + D_ROPE]
+        kv_ptr, stride_kv,                    # bf16 rows [N, D_V + D_ROPE], or fp8_ds_mla bytes
+        scale_ptr, stride_scale, scale_off,   # fp8: float32 view of the rows, scales at scale_off
+        rope_ptr, stride_rope, rope_off,      # bf16 view of the rows, rope values at rope_off
         idx_ptr, stride_ib,                   # indices [B, K] int32
         out_ptr, stride_ob, stride_oh,        # out [B, H, D_V] bf16        (not SPLIT)
         lse_ptr, stride_lb,                   # lse [B, H] fp32             (not SPLIT)
@@ -206,7 +242,8 @@ def _sparse_mla_decode_ws_fwd(
         qk_scale_log2,
         D_V: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
         STAGES: gl.constexpr, ROWS: gl.constexpr, SPLIT: gl.constexpr,
-        PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+        PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+        IS_FP8: gl.constexpr, FP8_LAYOUT: gl.constexpr):
     pid = gl.program_id(0)
     hb = pid % num_head_blocks
     rest = pid // num_head_blocks
@@ -237,32 +274,43 @@ def _sparse_mla_decode_ws_fwd(
                      b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
                      q_nope, q_rope, kv_nope, kv_rope, q_bar, ready, empty,
                      D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT)),
-        (_producer, (q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv, idx_ptr, stride_ib,
+        (_producer, (q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
+                     scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
+                     idx_ptr, stride_ib,
                      b, h0, H, t_begin, t_end, lim, num_slots,
                      q_nope, q_rope, kv_nope, kv_rope, q_bar, ready, empty,
-                     D_V, D_ROPE, BLOCK_H, BLOCK_N, ROWS, STAGES, PRODUCER_WARPS)),
+                     D_V, D_ROPE, BLOCK_H, BLOCK_N, ROWS, STAGES, PRODUCER_WARPS,
+                     IS_FP8, FP8_LAYOUT)),
     ], [PRODUCER_WARPS], [PRODUCER_REGS])
 
 
 def ws_supported(q: torch.Tensor, kv_cache: torch.Tensor, d_v: int) -> Optional[str]:
     """Why the warp-specialised kernel cannot serve these inputs (one line), or None when it
-    can: a CUDA device of compute capability 9.x, bf16 KV rows, ``d_v`` and ``d_qk - d_v``
-    powers of two with ``d_v`` in [64, 512] and ``d_qk - d_v`` in [16, 128], and the heads a
-    multiple of 64."""
+    can: a CUDA device of compute capability 9.x, ``d_v`` and ``d_qk - d_v`` powers of two with
+    ``d_v`` in [128, 512] and ``d_qk - d_v`` in [16, 128], and the heads a multiple of 64 (the
+    KV row format itself is checked by ``check_decode_inputs``), and 16-byte aligned rows, rope
+    part and query rows (cp.async; fp8_ds_mla rows at d_v 512 have their rope part at byte 528,
+    at d_v 256 at byte 264: not served)."""
     if q.device.type != "cuda":
         return f"needs a CUDA device (tensors on {q.device})"
     major = torch.cuda.get_device_capability(q.device)[0]
     if major != 9:
         return f"needs compute capability 9.x (wgmma), this device has {major}.x"
-    if kv_cache.dtype != torch.bfloat16:
-        return f"serves bf16 KV rows only, got {kv_cache.dtype}"
     d_rope = q.shape[-1] - d_v
-    if not (64 <= d_v <= 512 and d_v & (d_v - 1) == 0 and 16 <= d_rope <= 128
+    if not (128 <= d_v <= 512 and d_v & (d_v - 1) == 0 and 16 <= d_rope <= 128
             and d_rope & (d_rope - 1) == 0):
-        return (f"needs d_v a power of two in [64, 512] and d_qk - d_v one in [16, 128], got "
+        return (f"needs d_v a power of two in [128, 512] and d_qk - d_v one in [16, 128], got "
                 f"d_v={d_v}, d_rope={d_rope}")
     if q.shape[1] % WS_BLOCK_H != 0:
         return f"needs the query heads a multiple of {WS_BLOCK_H}, got {q.shape[1]}"
+    # cp.async moves 16-byte vectors: rows, the query and the rope part 16-byte aligned
+    row_bytes_ = kv_cache.stride(0) * kv_cache.element_size()
+    rope_byte = d_v * 2 if kv_cache.dtype == torch.bfloat16 else fp8_ds_mla_offsets(d_v, d_rope)[1]
+    if (row_bytes_ % 16 or rope_byte % 16 or kv_cache.data_ptr() % 16 or q.data_ptr() % 16
+            or (q.stride(0) * 2) % 16 or (q.stride(1) * 2) % 16):
+        return ("needs 16-byte aligned KV rows (stride and rope offset), query rows and base "
+                f"pointers (cp.async); got a row stride of {row_bytes_} B, the rope part at byte "
+                f"{rope_byte}, query strides {tuple(q.stride())}")
     return None
 
 
@@ -270,17 +318,18 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
                          sm_scale: float, d_v: int = 512, *, num_splits: Optional[int] = None,
                          stages: int = 2, num_sms: Optional[int] = None
                          ) -> Tuple[torch.Tensor, torch.Tensor, LaunchInfo]:
-    """Sparse MQA decode over top-k gathered bf16 KV rows, warp-specialised (Hopper).
+    """Sparse MQA decode over top-k gathered KV rows, warp-specialised (Hopper).
 
     Args and returns as :func:`backends.kernels.sparse_mla_decode.sparse_mla_decode_with_info`
-    (``q [B, H, d_qk]`` bf16, ``kv_cache [num_slots, d_qk]`` bf16, ``indices [B, K]`` int32 ->
+    (``q [B, H, d_qk]`` bf16, ``kv_cache [num_slots, d_qk]`` bf16 or ``[num_slots, row_bytes]``
+    uint8 fp8_ds_mla rows, ``indices [B, K]`` int32 ->
     ``out [B, H, d_v]`` bf16, ``lse [B, H]`` fp32 natural log, and the call's
     :class:`~backends.kernels.sparse_mla_decode.LaunchInfo`), within the limits of
     :func:`ws_supported` (ValueError naming the limit otherwise, before any launch).
     ``num_splits``: top-k splits (flash-decoding; default the same wave model);
     ``stages``: KV tiles in shared memory (2 at d_qk 576; 1 serialises gather and MMAs).
     """
-    _, sm_scale = check_decode_inputs(q, kv_cache, indices, sm_scale, d_v)
+    kind, sm_scale = check_decode_inputs(q, kv_cache, indices, sm_scale, d_v)
     why = ws_supported(q, kv_cache, d_v)
     if why is not None:
         raise ValueError(f"sparse_mla_decode_ws {why}")
@@ -295,18 +344,24 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
     if num_splits == 0:
         return out, lse, info
     num_head_blocks = num_heads // WS_BLOCK_H
+    stride_scale, scale_off, stride_rope, rope_off = _row_views(kind, kv_cache.stride(0), d_v,
+                                                                d_qk - d_v)
+    if kind == "bf16":
+        scale_t, rope_t = kv_cache, kv_cache
+    else:
+        scale_t, rope_t = kv_cache.view(torch.float32), kv_cache.view(torch.bfloat16)
     kernel = _sparse_mla_decode_ws_fwd[(bsz * num_splits * num_head_blocks,)](
         q, q.stride(0), q.stride(1),
         kv_cache, kv_cache.stride(0),
+        scale_t, stride_scale, scale_off,
+        rope_t, stride_rope, rope_off,
         indices, indices.stride(0),
         out, out.stride(0), out.stride(1),
         lse, lse.stride(0),
         part_o, part_lse,
         num_heads, top_k, num_slots, num_splits, tiles_per_split, num_head_blocks,
         sm_scale * _LOG2E,
-        D_V=d_v, D_ROPE=d_qk - d_v, BLOCK_H=WS_BLOCK_H, BLOCK_N=WS_BLOCK_N, STAGES=stages,
-        ROWS=_ROWS, SPLIT=num_splits > 1, PRODUCER_WARPS=_PRODUCER_WARPS,
-        PRODUCER_REGS=_PRODUCER_REGS,
+        **_constexprs(kind, d_v, d_qk - d_v, stages, num_splits > 1),
         num_warps=8, maxnreg=_MAXNREG,
     )
     if num_splits > 1:
@@ -317,11 +372,22 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
                              smem_bytes=getattr(getattr(kernel, "metadata", None), "shared", None))
 
 
-def compile_for_sm90(*, d_v: int = 512, d_rope: int = 64, stages: int = 2, split: bool = False):
+def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool) -> dict:
+    """The kernel's compile-time arguments for KV rows of ``kind``."""
+    tpw_g = min(4, d_v // 128)               # fp8 rows: a warp covers 32 / (8 * tpw_g) rows
+    return dict(D_V=d_v, D_ROPE=d_rope, BLOCK_H=WS_BLOCK_H, BLOCK_N=WS_BLOCK_N, STAGES=stages,
+                ROWS=_ROWS[kind], SPLIT=split, PRODUCER_WARPS=_PRODUCER_WARPS,
+                PRODUCER_REGS=_PRODUCER_REGS[kind], IS_FP8=kind == "fp8_ds_mla",
+                FP8_LAYOUT=gl.BlockedLayout([1, 1, 16], [32 // (8 * tpw_g), tpw_g, 8],
+                                            [_PRODUCER_WARPS, 1, 1], [2, 1, 0]))
+
+
+def compile_for_sm90(kind: str = "bf16", *, d_v: int = 512, d_rope: int = 64, stages: int = 2,
+                     split: bool = False):
     """The kernel compiled by the installed Triton for sm_90a without a GPU (a
     ``triton.compiler.CompiledKernel``: ``asm["ttgir" | "ptx" | "cubin"]``,
-    ``metadata.shared`` in bytes), with the divisibility Triton specialises for contiguous
-    DeepSeek-V3.2-sized tensors. For inspecting what the compiler makes of it, not for
+    ``metadata.shared`` in bytes) for KV rows of ``kind`` (``"bf16"`` or ``"fp8_ds_mla"``), with
+    the divisibility Triton specialises for contiguous DeepSeek-V3.2-sized tensors. For inspecting what the compiler makes of it, not for
     running it."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -329,13 +395,13 @@ def compile_for_sm90(*, d_v: int = 512, d_rope: int = 64, stages: int = 2, split
 
     fn = _sparse_mla_decode_ws_fwd
     names = list(fn.arg_names)
-    const = dict(D_V=d_v, D_ROPE=d_rope, BLOCK_H=WS_BLOCK_H, BLOCK_N=WS_BLOCK_N, STAGES=stages,
-                 ROWS=_ROWS, SPLIT=split, PRODUCER_WARPS=_PRODUCER_WARPS,
-                 PRODUCER_REGS=_PRODUCER_REGS)
-    ptrs = dict(q_ptr="*bf16", kv_ptr="*bf16", idx_ptr="*i32", out_ptr="*bf16",
-                lse_ptr="*fp32", part_o_ptr="*fp32", part_lse_ptr="*fp32")
+    const = _constexprs(kind, d_v, d_rope, stages, split)
+    fp8 = kind == "fp8_ds_mla"
+    ptrs = dict(q_ptr="*bf16", kv_ptr="*u8" if fp8 else "*bf16",
+                scale_ptr="*fp32" if fp8 else "*bf16", rope_ptr="*bf16", idx_ptr="*i32",
+                out_ptr="*bf16", lse_ptr="*fp32", part_o_ptr="*fp32", part_lse_ptr="*fp32")
     div16 = {"stride_qb", "stride_qh", "stride_kv", "stride_ib", "stride_ob", "stride_oh",
-             "stride_lb", "H", "K"}
+             "stride_lb", "H", "K", "stride_rope"}
     signature, attrs = {}, {}
     for i, n in enumerate(names):
         if n in const:

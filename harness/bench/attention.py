@@ -98,9 +98,8 @@ QUICK = Sizes(320, 256, 256, 16, (Shape("quick_B2_H16_k96", 2, 16, 96, ("default
 #: kv formats a tuning variant applies to
 ALL = tuple(KV_DTYPES)
 FP8 = ("fp8_ds_mla",)
-BF16 = ("bf16",)
-#: the warp-specialised Gluon kernel (backends/kernels/sparse_mla_decode_ws.py: Hopper, bf16 rows)
-_WS = (("ws", {"kernel": "ws"}, BF16),)
+#: the warp-specialised Gluon kernel (backends/kernels/sparse_mla_decode_ws.py: Hopper)
+_WS = (("ws", {"kernel": "ws"}, ALL),)
 
 
 @dataclass(frozen=True)
