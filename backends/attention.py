@@ -1,11 +1,14 @@
-"""The attention-kernel switch shared by every backend (``attention_kernel=triton|flashmla``).
+"""The attention-kernel switch shared by every backend
+(``attention_kernel=triton|triton_ws|flashmla``).
 
 Upstream, both engines end in FlashMLA's sparse decode on a table of device slots, so one
-switch covers both backends: ``triton`` is this project's ``sparse_mla_decode``, ``flashmla``
+switch covers both backends: ``triton`` is this project's ``sparse_mla_decode``, ``triton_ws``
+its warp-specialised Gluon kernel (Hopper; ``sparse_mla_decode(kernel="ws")``), ``flashmla``
 the upstream kernels (optional extra) behind the same signature.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable, Tuple
 
 import torch
@@ -13,8 +16,9 @@ import torch
 from backends.base import BackendInvalid, BackendUnavailable
 
 AttentionFn = Callable[..., Tuple[torch.Tensor, torch.Tensor]]
-#: ``attention_kernel``: ours, or FlashMLA's (optional extra)
-ATTENTION_KERNELS = ("triton", "flashmla")
+#: ``attention_kernel``: ours (Triton, or the warp-specialised Gluon kernel), or FlashMLA's
+#: (optional extra)
+ATTENTION_KERNELS = ("triton", "triton_ws", "flashmla")
 
 
 def heads_computed(name: str, num_heads: int) -> int:
@@ -35,6 +39,14 @@ def resolve_attention(name: str, device: torch.device, num_heads: int, d_qk: int
     if name == "triton":
         from backends.kernels.sparse_mla_decode import sparse_mla_decode
         return sparse_mla_decode
+    if name == "triton_ws":
+        from backends.kernels.sparse_mla_decode import sparse_mla_decode
+        from backends.kernels.sparse_mla_decode_ws import ws_supported
+        why = ws_supported(torch.empty(1, num_heads, d_qk, dtype=torch.bfloat16, device=device),
+                           kv_rows, d_v)
+        if why is not None:
+            raise BackendInvalid(f"attention_kernel='triton_ws' {why}")
+        return functools.partial(sparse_mla_decode, kernel="ws")
     if name == "flashmla":
         from backends.kernels.flashmla_peer import PeerUnavailable, PeerUnsupported, check_supported, flashmla_attention
         try:

@@ -150,3 +150,24 @@ def test_other_widths_and_a_partial_tile():
     # an empty top-k: zeros and +inf without a launch
     out, lse, _ = sparse_mla_decode_with_info(q, kv, idx[:, :0], 0.1, 256, kernel="ws")
     assert torch.all(out == 0) and torch.all(lse == math.inf)
+
+
+def test_attention_switch_names_the_limit():
+    """``attention_kernel=triton_ws`` is checked when a backend resolves it, before any
+    timing: off Hopper it is a BackendInvalid naming why."""
+    from backends.attention import ATTENTION_KERNELS, resolve_attention
+    from backends.base import BackendInvalid
+    assert "triton_ws" in ATTENTION_KERNELS
+    kv = torch.zeros(64, 576, dtype=torch.bfloat16)
+    if not _hopper():
+        with pytest.raises(BackendInvalid, match="attention_kernel='triton_ws' needs"):
+            resolve_attention("triton_ws", torch.device("cpu"), 128, 576, 512, kv)
+    else:
+        fn = resolve_attention("triton_ws", torch.device("cuda"), 128, 576, 512, kv.cuda())
+        q, kvr, idx = _inputs(5, b=2, h=128, d_v=512, d_rope=64, k=256, num_slots=512,
+                              device=torch.device("cuda"))
+        out, _ = fn(q, kvr, idx, 0.05, 512)
+        ref, _ = sparse_mla_decode_ref(q, kvr, idx, 0.05, 512)
+        assert ((out.float() - ref).norm() / ref.norm()).item() <= REL_TOL
+        with pytest.raises(BackendInvalid, match="multiple of 64"):
+            resolve_attention("triton_ws", torch.device("cuda"), 16, 576, 512, kv.cuda())
