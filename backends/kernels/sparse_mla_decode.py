@@ -783,7 +783,7 @@ def sparse_mla_decode_with_info(
                                  "takes num_stages and num_splits only)")
         from backends.kernels.sparse_mla_decode_ws import sparse_mla_decode_ws
         return sparse_mla_decode_ws(q, kv_cache, indices, sm_scale, d_v,
-                                    num_splits=num_splits, stages=num_stages or 2,
+                                    num_splits=num_splits, stages=2 if num_stages is None else num_stages,
                                     num_sms=num_sms)
     if kernel != "triton":
         raise ValueError(f"kernel must be 'triton' or 'ws', got {kernel!r}")

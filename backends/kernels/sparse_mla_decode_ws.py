@@ -21,10 +21,8 @@ that path, as FlashMLA's producer warps do:
   tokens for all 64 heads, so ``S`` is computed once), a base-2 online softmax (the row max
   across the warpgroups by the compiler's reduction), then ``acc += P V`` as a 64 x 512 wgmma
   with the same warp layout (each warpgroup owns 256 of the V columns; ``P`` reaches both
-  through the layout conversion), and the stage goes back to the producer. The next tile's
-  score MMAs are issued before this tile's softmax, so the tensor cores work while it runs
-  (software pipelining across tiles, as FlashAttention-3 does within a warpgroup). The row sums
-  are accumulated per element and reduced once at the end.
+  through the layout conversion), and the stage goes back to the producer. The row sums are
+  accumulated per element and reduced once at the end.
 
 Shared memory at 64 heads, 64-token tiles, d_qk 576: the query block 72 KB, a bf16 stage 72 KB;
 two stages fill the 227 KB a program may have.
@@ -180,11 +178,6 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
     on = t_begin * BLOCK_N + offs_n
     n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
     mbarrier.wait(q_bar, 0)
-    mbarrier.wait(ready.index(0), 0)
-    sc = warpgroup_mma(q_nope, kv_nope.index(0).permute((1, 0)), s_zero, use_acc=False,
-                       is_async=True)
-    sc = warpgroup_mma(q_rope, kv_rope.index(0).permute((1, 0)), sc, is_async=True)
-    sc = warpgroup_mma_wait(0, deps=[sc])
     for t in range(t_begin, t_end):
         i = t - t_begin
         s = i % STAGES
@@ -193,15 +186,11 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
         n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
         valid = (idx >= 0) & (idx < num_slots)
 
-        # the next tile's score MMAs run while this tile's softmax does (on the last tile they
-        # repeat this tile's, whose stage is still held: nothing to wait for)
-        has_next = t + 1 < t_end
-        j = i + has_next.to(gl.int32)
-        mbarrier.wait(ready.index(j % STAGES), (j // STAGES) & 1, pred=has_next)
-        sc_next = warpgroup_mma(q_nope, kv_nope.index(j % STAGES).permute((1, 0)), s_zero,
-                                use_acc=False, is_async=True)
-        sc_next = warpgroup_mma(q_rope, kv_rope.index(j % STAGES).permute((1, 0)), sc_next,
-                                is_async=True)
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        kn = kv_nope.index(s)
+        sc = warpgroup_mma(q_nope, kn.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        sc = warpgroup_mma(q_rope, kv_rope.index(s).permute((1, 0)), sc, is_async=True)
+        sc = warpgroup_mma_wait(0, deps=[sc])
 
         sc = gl.where(valid[None, :], sc * qk_scale_log2, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(sc, axis=1))
@@ -211,8 +200,8 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
         l_el = l_el * alpha[:, None] + p
         acc = acc * gl.convert_layout(alpha, row_o)[:, None]
         p_op = gl.convert_layout(p.to(gl.bfloat16), p_l)
-        acc = warpgroup_mma(p_op, kv_nope.index(s), acc, is_async=True)
-        acc, sc = warpgroup_mma_wait(0, deps=[acc, sc_next])
+        acc = warpgroup_mma(p_op, kn, acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=[acc])
         _partition_barrier()
         mbarrier.arrive(empty.index(s), count=1)
         m_i = m_new
@@ -338,16 +327,14 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
     :class:`~backends.kernels.sparse_mla_decode.LaunchInfo`), within the limits of
     :func:`ws_supported` (ValueError naming the limit otherwise, before any launch).
     ``num_splits``: top-k splits (flash-decoding; default the same wave model);
-    ``stages``: KV tiles in shared memory (>= 2: the next tile's score MMAs run during this
-    tile's softmax; 2 fill the H200's shared memory at d_qk 576).
+    ``stages``: KV tiles in shared memory (2 at d_qk 576; 1 serialises gather and MMAs).
     """
     kind, sm_scale = check_decode_inputs(q, kv_cache, indices, sm_scale, d_v)
     why = ws_supported(q, kv_cache, d_v)
     if why is not None:
         raise ValueError(f"sparse_mla_decode_ws {why}")
-    if not isinstance(stages, int) or isinstance(stages, bool) or stages < 2:
-        raise ValueError(f"stages must be an int >= 2 (the next tile's scores are computed "
-                         f"during this tile's softmax), got {stages!r}")
+    if not isinstance(stages, int) or isinstance(stages, bool) or stages < 1:
+        raise ValueError(f"stages must be an int >= 1, got {stages!r}")
     bsz, num_heads, d_qk = q.shape
     top_k, num_slots = indices.shape[1], kv_cache.shape[0]
     out, lse, num_splits, tiles_per_split, part_o, part_lse = plan_splits(
