@@ -92,25 +92,29 @@ def test_limits_are_named_before_any_launch():
 _WS_COMPILE = r"""
 import json
 from backends.kernels.sparse_mla_decode_ws import compile_for_sm90
-k = compile_for_sm90(d_v=512, d_rope=64, stages=2)
-ptx = k.asm["ptx"]
-print(json.dumps({"shared": k.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
-                  "cp_async": ptx.count("cp.async.cg") + ptx.count("cp.async.ca"),
-                  "maxnreg": sorted(set(l.split()[0] + " " + l.split()[-1].rstrip(";")
-                                        for l in ptx.splitlines() if "setmaxnreg" in l))}))
+out = {}
+for kind in ("bf16", "fp8_ds_mla"):
+    k = compile_for_sm90(kind, d_v=512, d_rope=64, stages=2)
+    ptx = k.asm["ptx"]
+    out[kind] = {"shared": k.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
+                 "cp_async": ptx.count("cp.async.cg") + ptx.count("cp.async.ca"),
+                 "maxnreg": sorted(set(l.split()[0] for l in ptx.splitlines() if "setmaxnreg" in l))}
+print(json.dumps(out))
 """
 
 
 def test_compiles_for_sm90_within_shared_memory():
-    """Compiled for sm_90a by the installed Triton in a process of its own (no GPU): the
-    partitions get register budgets of their own (setmaxnreg), the score and PV MMAs are
-    wgmma (36 k-steps of the 576-wide scores, 4 of the 64-token PV: 40 per tile), the gather is
-    cp.async, and the query block and two stages fit the H200's shared memory."""
+    """Compiled for sm_90a by the installed Triton in a process of its own (no GPU), for both
+    KV formats: the partitions get register budgets of their own (setmaxnreg), the score and
+    PV MMAs are wgmma (36 k-steps of the 576-wide scores, 4 of the 64-token PV: 40 per tile),
+    the gather is cp.async, and the query block and the stages fit the H200's shared memory
+    (bf16: two bf16 stages; fp8_ds_mla: two stages of the rows as stored and one bf16 tile)."""
     from tests.test_sparse_mla_decode import _H200_SMEM, _compile_report
     rep = _compile_report(_WS_COMPILE)
-    assert rep["wgmma"] == 40, rep
-    assert rep["cp_async"] > 0 and any(m.startswith("setmaxnreg.dec") for m in rep["maxnreg"]), rep
-    assert 3 * (64 * 576 * 2) <= rep["shared"] <= _H200_SMEM, rep
+    for kind, r in rep.items():
+        assert r["wgmma"] == 40 and r["cp_async"] > 0, (kind, r)
+        assert {"setmaxnreg.dec.sync.aligned.u32", "setmaxnreg.inc.sync.aligned.u32"} <= set(r["maxnreg"]), r
+        assert 2 * (64 * 576 * 2) < r["shared"] <= _H200_SMEM, (kind, r)
 
 
 # ------------------------------- GPU (Hopper) -------------------------------
