@@ -190,7 +190,6 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
                                                   instr_shape=[16, BLOCK_N // 2, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                   instr_shape=[16, D_V // 2, 16])
-    p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
     row_s: gl.constexpr = gl.SliceLayout(1, s_l)
     col_s: gl.constexpr = gl.SliceLayout(0, s_l)
     row_o: gl.constexpr = gl.SliceLayout(1, o_l)
@@ -234,8 +233,14 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
         p = gl.exp2(sc - m_use[:, None])
         l_el = l_el * alpha[:, None] + p
         acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-        p_op = gl.convert_layout(p.to(gl.bfloat16), p_l)
-        acc = warpgroup_mma(p_op, kn, acc, is_async=True)
+        # P to both warpgroups through shared memory, one barrier (each writes its tokens'
+        # columns), and the PV MMA reads it from there: into the stage's rope tile, which has
+        # the same shape and layout ([64, 64] bf16) and which the score MMAs are done with
+        p_smem = kv_rope.index(s)
+        p_smem.store(p.to(gl.bfloat16))
+        fence_async_shared()
+        _partition_barrier()
+        acc = warpgroup_mma(p_smem, kn, acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=[acc])
         _partition_barrier()
         mbarrier.arrive(empty.index(s), count=1)
@@ -332,8 +337,8 @@ def _sparse_mla_decode_ws_fwd(
 
 def ws_supported(q: torch.Tensor, kv_cache: torch.Tensor, d_v: int) -> Optional[str]:
     """Why the warp-specialised kernel cannot serve these inputs (one line), or None when it
-    can: a CUDA device of compute capability 9.x, ``d_v`` and ``d_qk - d_v`` powers of two with
-    ``d_v`` in [128, 512] and ``d_qk - d_v`` in [16, 128], and the heads a multiple of 64 (the
+    can: a CUDA device of compute capability 9.x, ``d_v`` a power of two in [128, 512] and
+    ``d_qk - d_v`` = 64 (DeepSeek-V3.2's rope part), and the heads a multiple of 64 (the
     KV row format itself is checked by ``check_decode_inputs``), and 16-byte aligned rows, rope
     part and query rows (cp.async; fp8_ds_mla rows at d_v 512 have their rope part at byte 528,
     at d_v 256 at byte 264: not served)."""
@@ -343,10 +348,9 @@ def ws_supported(q: torch.Tensor, kv_cache: torch.Tensor, d_v: int) -> Optional[
     if major != 9:
         return f"needs compute capability 9.x (wgmma), this device has {major}.x"
     d_rope = q.shape[-1] - d_v
-    if not (128 <= d_v <= 512 and d_v & (d_v - 1) == 0 and 16 <= d_rope <= 128
-            and d_rope & (d_rope - 1) == 0):
-        return (f"needs d_v a power of two in [128, 512] and d_qk - d_v one in [16, 128], got "
-                f"d_v={d_v}, d_rope={d_rope}")
+    if not (128 <= d_v <= 512 and d_v & (d_v - 1) == 0 and d_rope == WS_BLOCK_N):
+        return (f"needs d_v a power of two in [128, 512] and d_qk - d_v = {WS_BLOCK_N} (a "
+                f"stage's rope tile doubles as P's buffer), got d_v={d_v}, d_rope={d_rope}")
     if q.shape[1] % WS_BLOCK_H != 0:
         return f"needs the query heads a multiple of {WS_BLOCK_H}, got {q.shape[1]}"
     # cp.async moves 16-byte vectors: rows, the query and the rope part 16-byte aligned
