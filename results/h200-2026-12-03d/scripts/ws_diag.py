@@ -3,6 +3,7 @@ built, and two ablations made from its source at run time (the product module is
 ``loads_only`` (the consumers wait for each stage and hand it back without any MMA or softmax:
 the producer's gather alone) and ``compute_only`` (the producer's copies are all masked: no
 global reads, the consumers compute on whatever the stages hold). Also the 1-stage launch.
+``consumer_dequant``: the fp8 design of calls 5-6 (scripts/ws_consumer_dequant_snapshot.py).
 CUDA-event timing with the L2 flushed (harness.timing.time_fn), median of 30."""
 import importlib.util
 import sys
@@ -14,7 +15,7 @@ from harness.bench.attention import SM_SCALE, DecodeProblem, Pool
 from harness.timing import time_fn
 
 SRC = open(ws.__file__).read()
-LOOP_START = "        if IS_FP8:\n            # fp8 rows: both"
+LOOP_START = "        kn = kv_nope.index(s)\n"
 LOOP_END = "        acc = warpgroup_mma_wait(0, deps=[acc])\n"
 PROD_ARGS = "b, h0, H, t_begin, t_end, lim, num_slots,\n                     q_nope"
 
@@ -34,7 +35,10 @@ a, b = SRC.index(LOOP_START), SRC.index(LOOP_END) + len(LOOP_END)
 assert SRC.count(LOOP_START) == 1 and SRC.count(PROD_ARGS) == 1
 mods = {"ws": ws,
         "loads_only": variant("loads_only", SRC[:a] + "        m_new = m_i\n" + SRC[b:]),
-        "compute_only": variant("compute_only", SRC.replace(PROD_ARGS, PROD_ARGS.replace("lim", "0")))}
+        "compute_only": variant("compute_only", SRC.replace(PROD_ARGS, PROD_ARGS.replace("lim", "0"))),
+        # the previous fp8 design (call 5/6: raw rows by cp.async, dequantized by the consumers)
+        "consumer_dequant": variant("consumer_dequant", open(
+            __file__.replace("ws_diag.py", "ws_consumer_dequant_snapshot.py")).read())}
 dev = torch.device("cuda")
 rows = []
 for kv_dtype in ("bf16", "fp8_ds_mla"):
