@@ -52,11 +52,13 @@ _PRODUCER_WARPS = 4
 #: per KV format: rows a producer step covers and the producer's registers a thread (bf16: the
 #: cp.async addresses; fp8_ds_mla: the bytes and their dequantized values in registers)
 _ROWS = {"bf16": 16, "fp8_ds_mla": 16}
-_PRODUCER_REGS = {"bf16": 48, "fp8_ds_mla": 88}
+_PRODUCER_REGS = {"bf16": 48, "fp8_ds_mla": 48}
+#: fp8_ds_mla rows: rows the consumers dequantize at a time (registers: 2 x 16 bytes a thread)
+_DEQ_ROWS = 16
 #: registers per thread of the whole program: 12 warps x 32 x 168 <= 64 K; the consumers get
-#: (168 * 12 - regs * 4) / 8 (bf16 228, fp8_ds_mla 208). ptxas 12.8 (Triton 3.6) for sm_90a:
-#: no spills for bf16 rows; 28 bytes for fp8_ds_mla rows at 88 (56 / 64 / 72 / 96 producer
-#: registers: 408 / 156 / 124 / 48)
+#: (168 * 12 - regs * 4) / 8 (bf16 228, fp8_ds_mla 224). ptxas 12.8 (Triton 3.6) for sm_90a:
+#: no spills for bf16 rows; 20 bytes for fp8_ds_mla rows, fewer producer registers or rows do
+#: not remove them and more move them to the consumers
 _MAXNREG = 168
 _LOG2E = 1.4426950408889634
 #: names that differ between Triton 3.6 (the GPU machine's) and later versions: a barrier over
@@ -78,30 +80,41 @@ def _copy_rows(dst, base_ptr, row, valid, stride, col0, WIDTH: gl.constexpr,
 
 
 @gluon.jit
-def _load_fp8_rows(kv_ptr, stride_kv, scale_ptr, stride_scale, scale_off, idx,
-                   D_V: gl.constexpr, fp8_l: gl.constexpr):
-    """Loads into registers the NoPE bytes ``[R, D_V / 128, 128]`` uint8 and the per-128 scales
-    ``[R, D_V / 128]`` float32 of fp8_ds_mla rows ``idx [R]`` (int32 in the row slice of
-    ``fp8_l``; < 0: zeros)."""
+def _copy_fp8_nope(dst, kv_ptr, stride_kv, idx, D_V: gl.constexpr, raw_l: gl.constexpr):
+    """Issues ``cp.async`` copies of the NoPE bytes of fp8_ds_mla rows ``idx [R]`` (int32 in
+    the row slice of ``raw_l``; < 0: zeros) into ``dst [R, D_V / 128, 128]`` uint8, as stored."""
     G: gl.constexpr = D_V // 128
     ok = idx >= 0
-    row = gl.where(ok, idx, 0).to(gl.int64)
-    g = gl.arange(0, G, layout=gl.SliceLayout(0, gl.SliceLayout(2, fp8_l)))
-    e = gl.arange(0, 128, layout=gl.SliceLayout(0, gl.SliceLayout(1, fp8_l)))
-    start = gl.multiple_of(row * stride_kv, 16)
-    raw = gl.load(kv_ptr + start[:, None, None] + g[None, :, None] * 128 + e[None, None, :],
-                  mask=ok[:, None, None], other=0)
-    sc = gl.load(scale_ptr + row[:, None] * stride_scale + scale_off + g[None, :],
-                 mask=ok[:, None], other=0.0)
-    return raw, sc
+    g = gl.arange(0, G, layout=gl.SliceLayout(0, gl.SliceLayout(2, raw_l)))
+    e = gl.arange(0, 128, layout=gl.SliceLayout(0, gl.SliceLayout(1, raw_l)))
+    start = gl.multiple_of(gl.where(ok, idx, 0).to(gl.int64) * stride_kv, 16)
+    _cp_async(dst, kv_ptr + start[:, None, None] + g[None, :, None] * 128 + e[None, None, :],
+              mask=ok[:, None, None])
 
 
 @gluon.jit
-def _store_dequantized(dst, raw, sc, ROWS: gl.constexpr, D_V: gl.constexpr):
-    """``dst [ROWS, D_V]`` bf16 = fp8 e4m3 ``raw`` x its per-128 scales ``sc`` (from
-    :func:`_load_fp8_rows`)."""
-    vals = raw.to(gl.float8e4nv, bitcast=True).to(gl.float32) * sc[:, :, None]
-    dst.store(gl.reshape(vals.to(gl.bfloat16), [ROWS, D_V]))
+def _copy_fp8_scales(dst, scale_ptr, stride_scale, scale_off, idx, D_V: gl.constexpr,
+                     scale_l: gl.constexpr):
+    """Issues ``cp.async`` copies (4 bytes each) of the per-128 float32 scales of fp8_ds_mla
+    rows ``idx [R]`` (int32 in the row slice of ``scale_l``; < 0: zeros) into
+    ``dst [R, D_V / 128]``."""
+    G: gl.constexpr = D_V // 128
+    ok = idx >= 0
+    g = gl.arange(0, G, layout=gl.SliceLayout(0, scale_l))
+    start = gl.where(ok, idx, 0).to(gl.int64) * stride_scale + scale_off
+    _cp_async(dst, scale_ptr + start[:, None] + g[None, :], mask=ok[:, None])
+
+
+@gluon.jit
+def _dequant_tile(dst, raw, scales, BLOCK_N: gl.constexpr, D_V: gl.constexpr,
+                  ROWS: gl.constexpr, deq_l: gl.constexpr):
+    """``dst [BLOCK_N, D_V]`` bf16 = fp8 e4m3 ``raw [BLOCK_N, D_V / 128, 128]`` x the per-128
+    ``scales [BLOCK_N, D_V / 128]`` float32, all in shared memory, ``ROWS`` rows at a time."""
+    for c in gl.static_range(BLOCK_N // ROWS):
+        r = raw.slice(c * ROWS, ROWS).load(deq_l)
+        sc = scales.slice(c * ROWS, ROWS).load(gl.SliceLayout(2, deq_l))
+        vals = r.to(gl.float8e4nv, bitcast=True).to(gl.float32) * sc[:, :, None]
+        dst.slice(c * ROWS, ROWS).store(gl.reshape(vals.to(gl.bfloat16), [ROWS, D_V]))
 
 
 @gluon.jit
@@ -109,10 +122,11 @@ def _producer(q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
               scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
               idx_ptr, stride_ib,
               b, h0, H, t_begin, t_end, lim, num_slots,
-              q_nope, q_rope, kv_nope, kv_rope, q_bar, ready, empty,
+              q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, q_bar, ready, empty,
               D_V: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
               BLOCK_N: gl.constexpr, ROWS: gl.constexpr, STAGES: gl.constexpr,
-              WARPS: gl.constexpr, IS_FP8: gl.constexpr, fp8_l: gl.constexpr):
+              WARPS: gl.constexpr, IS_FP8: gl.constexpr, raw_l: gl.constexpr,
+              scale_l: gl.constexpr):
     nope_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])
     rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
     # ---- the query block, once ----
@@ -134,38 +148,29 @@ def _producer(q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
         i = t - t_begin
         s = i % STAGES
         mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+        if IS_FP8:
+            on = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, scale_l))
+            idx = gl.load(idx_row + on, mask=on < lim, other=-1)
+            _copy_fp8_scales(kv_scale.index(s), scale_ptr, stride_scale, scale_off,
+                             gl.where((idx >= 0) & (idx < num_slots), idx, -1), D_V, scale_l)
         for c in gl.static_range(BLOCK_N // ROWS):
             on = t * BLOCK_N + c * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, rope_l))
             idx = gl.load(idx_row + on, mask=on < lim, other=-1)
             ok = (idx >= 0) & (idx < num_slots)
+            idx = gl.where(ok, idx, -1)
             _copy_rows(kv_rope.index(s).slice(c * ROWS, ROWS), rope_ptr,
                        gl.where(ok, idx, 0).to(gl.int64), ok, stride_rope, rope_off, D_ROPE,
                        rope_l, 8)
-            if not IS_FP8:
+            if IS_FP8:
+                _copy_fp8_nope(kv_raw.index(s).slice(c * ROWS, ROWS), kv_ptr, stride_kv,
+                               gl.convert_layout(idx, gl.SliceLayout(1, gl.SliceLayout(2, raw_l))),
+                               D_V, raw_l)
+            else:
                 ok_n = gl.convert_layout(ok, gl.SliceLayout(1, nope_l))
                 idx_n = gl.convert_layout(idx, gl.SliceLayout(1, nope_l))
                 _copy_rows(kv_nope.index(s).slice(c * ROWS, ROWS), kv_ptr,
                            gl.where(ok_n, idx_n, 0).to(gl.int64), ok_n, stride_kv, 0, D_V,
                            nope_l, 8)
-        if IS_FP8:
-            # fp8 rows through registers: the bytes of chunk c + 1 are loaded before chunk c is
-            # dequantized and stored, so two chunks' loads are in flight
-            fr: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, fp8_l))
-            on = t * BLOCK_N + gl.arange(0, ROWS, layout=fr)
-            idx = gl.load(idx_row + on, mask=on < lim, other=-1)
-            raw, sc = _load_fp8_rows(kv_ptr, stride_kv, scale_ptr, stride_scale, scale_off,
-                                     gl.where((idx >= 0) & (idx < num_slots), idx, -1),
-                                     D_V, fp8_l)
-            for c in gl.static_range(BLOCK_N // ROWS):
-                if c + 1 < BLOCK_N // ROWS:
-                    on = t * BLOCK_N + (c + 1) * ROWS + gl.arange(0, ROWS, layout=fr)
-                    idx = gl.load(idx_row + on, mask=on < lim, other=-1)
-                    raw_n, sc_n = _load_fp8_rows(
-                        kv_ptr, stride_kv, scale_ptr, stride_scale, scale_off,
-                        gl.where((idx >= 0) & (idx < num_slots), idx, -1), D_V, fp8_l)
-                _store_dequantized(kv_nope.index(s).slice(c * ROWS, ROWS), raw, sc, ROWS, D_V)
-                if c + 1 < BLOCK_N // ROWS:
-                    raw, sc = raw_n, sc_n
         async_copy.commit_group()
         async_copy.wait_group(0)
         fence_async_shared()
@@ -177,9 +182,10 @@ def _producer(q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
 def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
               part_o_ptr, part_lse_ptr,
               b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
-              q_nope, q_rope, kv_nope, kv_rope, q_bar, ready, empty,
+              q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, q_bar, ready, empty,
               D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, SPLIT: gl.constexpr):
+              STAGES: gl.constexpr, SPLIT: gl.constexpr, IS_FP8: gl.constexpr,
+              DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr):
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                   instr_shape=[16, BLOCK_N // 2, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
@@ -207,7 +213,15 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
         valid = (idx >= 0) & (idx < num_slots)
 
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-        kn = kv_nope.index(s)
+        if IS_FP8:
+            # fp8 rows: both warpgroups dequantize the stage's bytes into the one bf16 tile
+            # (free: the previous tile's MMAs are done) and fence it for the MMAs
+            kn = kv_nope.index(0)
+            _dequant_tile(kn, kv_raw.index(s), kv_scale.index(s), BLOCK_N, D_V, DEQ_ROWS, deq_l)
+            fence_async_shared()
+            _partition_barrier()
+        else:
+            kn = kv_nope.index(s)
         sc = warpgroup_mma(q_nope, kn.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         sc = warpgroup_mma(q_rope, kv_rope.index(s).permute((1, 0)), sc, is_async=True)
         sc = warpgroup_mma_wait(0, deps=[sc])
@@ -269,7 +283,9 @@ def _sparse_mla_decode_ws_fwd(
         D_V: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
         STAGES: gl.constexpr, ROWS: gl.constexpr, SPLIT: gl.constexpr,
         PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-        IS_FP8: gl.constexpr, FP8_LAYOUT: gl.constexpr):
+        IS_FP8: gl.constexpr, RAW_LAYOUT: gl.constexpr, SCALE_LAYOUT: gl.constexpr,
+        DEQ_ROWS: gl.constexpr, DEQ_LAYOUT: gl.constexpr, RAW_SMEM: gl.constexpr,
+        SCALE_SMEM: gl.constexpr):
     pid = gl.program_id(0)
     hb = pid % num_head_blocks
     rest = pid // num_head_blocks
@@ -284,8 +300,17 @@ def _sparse_mla_decode_ws_fwd(
     sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     q_nope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, D_V], sh)
     q_rope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, D_ROPE], sh)
-    kv_nope = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D_V], sh)
     kv_rope = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D_ROPE], sh)
+    if IS_FP8:
+        # the stages hold the rows as stored (bytes and scales); one bf16 tile for the MMAs
+        G: gl.constexpr = D_V // 128
+        kv_nope = gl.allocate_shared_memory(gl.bfloat16, [1, BLOCK_N, D_V], sh)
+        kv_raw = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, G, 128], RAW_SMEM)
+        kv_scale = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N, G], SCALE_SMEM)
+    else:
+        kv_nope = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D_V], sh)
+        kv_raw = gl.allocate_shared_memory(gl.uint8, [1, 1, 1, 16], RAW_SMEM)       # unused
+        kv_scale = gl.allocate_shared_memory(gl.float32, [1, 1, 4], SCALE_SMEM)     # unused
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -298,15 +323,15 @@ def _sparse_mla_decode_ws_fwd(
         (_consumer, (idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
                      part_o_ptr, part_lse_ptr,
                      b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
-                     q_nope, q_rope, kv_nope, kv_rope, q_bar, ready, empty,
-                     D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT)),
+                     q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, q_bar, ready, empty,
+                     D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, IS_FP8, DEQ_ROWS, DEQ_LAYOUT)),
         (_producer, (q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
                      scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
                      idx_ptr, stride_ib,
                      b, h0, H, t_begin, t_end, lim, num_slots,
-                     q_nope, q_rope, kv_nope, kv_rope, q_bar, ready, empty,
+                     q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, q_bar, ready, empty,
                      D_V, D_ROPE, BLOCK_H, BLOCK_N, ROWS, STAGES, PRODUCER_WARPS,
-                     IS_FP8, FP8_LAYOUT)),
+                     IS_FP8, RAW_LAYOUT, SCALE_LAYOUT)),
     ], [PRODUCER_WARPS], [PRODUCER_REGS])
 
 
@@ -398,15 +423,23 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
 
 
 def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool) -> dict:
-    """The kernel's compile-time arguments for KV rows of ``kind`` (the fp8 layout covers a
-    row's ``d_v / 128`` scale groups of 128 bytes with 16-byte vectors over the producer's
-    warps)."""
-    tpw_g = min(4, d_v // 128)
+    """The kernel's compile-time arguments for KV rows of ``kind``: the fp8 layouts cover a
+    row's ``d_v / 128`` scale groups of 128 bytes with 16-byte vectors (producer: 4 warps;
+    consumers' dequantization: 8 warps)."""
+    g = d_v // 128
+    tpw_g = min(4, g)
     return dict(D_V=d_v, D_ROPE=d_rope, BLOCK_H=WS_BLOCK_H, BLOCK_N=WS_BLOCK_N, STAGES=stages,
                 ROWS=_ROWS[kind], SPLIT=split, PRODUCER_WARPS=_PRODUCER_WARPS,
                 PRODUCER_REGS=_PRODUCER_REGS[kind], IS_FP8=kind == "fp8_ds_mla",
-                FP8_LAYOUT=gl.BlockedLayout([1, 1, 16], [32 // (8 * tpw_g), tpw_g, 8],
-                                            [_PRODUCER_WARPS, 1, 1], [2, 1, 0]))
+                RAW_LAYOUT=gl.BlockedLayout([1, 1, 16], [32 // (8 * tpw_g), tpw_g, 8],
+                                            [_PRODUCER_WARPS, 1, 1], [2, 1, 0]),
+                SCALE_LAYOUT=gl.BlockedLayout([1, 1], [32 // tpw_g, tpw_g],
+                                              [_PRODUCER_WARPS, 1], [1, 0]),
+                DEQ_ROWS=_DEQ_ROWS,
+                DEQ_LAYOUT=gl.BlockedLayout([1, 1, 16], [32 // (8 * tpw_g), tpw_g, 8],
+                                            [8, 1, 1], [2, 1, 0]),
+                RAW_SMEM=gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]),
+                SCALE_SMEM=gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
 
 
 def compile_for_sm90(kind: str = "bf16", *, d_v: int = 512, d_rope: int = 64, stages: int = 2,

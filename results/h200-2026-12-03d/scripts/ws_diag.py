@@ -36,7 +36,9 @@ assert SRC.count(LOOP_START) == 1 and SRC.count(PROD_ARGS) == 1
 mods = {"ws": ws,
         "loads_only": variant("loads_only", SRC[:a] + "        m_new = m_i\n" + SRC[b:]),
         "compute_only": variant("compute_only", SRC.replace(PROD_ARGS, PROD_ARGS.replace("lim", "0"))),
-        # the previous fp8 design (call 5/6: raw rows by cp.async, dequantized by the consumers)
+        # call 8 ran the producer's dequantization as ``ws`` and this as a variant: the fp8
+        # design of calls 5-6 (raw rows by cp.async, dequantized by the consumers), which is
+        # the module's now; scripts/ws_producer_dequant_snapshot.py keeps the other
         "consumer_dequant": variant("consumer_dequant", open(
             __file__.replace("ws_diag.py", "ws_consumer_dequant_snapshot.py")).read())}
 dev = torch.device("cuda")
