@@ -77,8 +77,8 @@ def test_flashmla_attention_kernel(tmp_path):
 
 def test_ws_attention_kernel(tmp_path):
     """The warp-specialised Gluon attention in every backend, eager and in a CUDA graph, bf16
-    rows (its fp8 rows are served but slower than the Triton kernel's, BENCHMARKS 6o): each
-    step's output checked against the reference like every backend's."""
+    rows (fp8 rows, the default, go through the same switch: BENCHMARKS 6o, call 9): each step's
+    output checked against the reference like every backend's."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the ws kernel needs compute capability 9.x")
     run_harness("-m", "attention_kernel=triton_ws", "kv_dtype=bf16", "top_k=2048",

@@ -2,9 +2,10 @@
 consumer warpgroups multiply.
 
 Same contract as :func:`backends.kernels.sparse_mla_decode.sparse_mla_decode` (its module doc
-has the semantics) for the shapes FlashMLA's Hopper decode serves: ``d_qk = d_v + d_rope``
-with ``d_v`` and ``d_rope`` powers of two (DeepSeek-V3.2: 512 + 64), query heads in blocks of
-64, bf16 KV rows. Only on a CUDA device of compute capability 9.x (wgmma, mbarriers).
+has the semantics) for the shapes FlashMLA's Hopper decode serves: ``d_qk = d_v + 64`` with
+``d_v`` a power of two (DeepSeek-V3.2: 512 + 64), query heads in blocks of 64, bf16 or
+fp8_ds_mla KV rows (16-byte aligned). Only on a CUDA device of compute capability 9.x (wgmma,
+mbarriers, setmaxnreg); :func:`ws_supported` names what it cannot serve.
 
 Why a second kernel: the Triton kernel's compiled loop (sm_90a) issues the gather of tile
 ``t + 1`` only after tile ``t``'s score MMAs and softmax, so the gather latency overlaps the PV
@@ -14,18 +15,24 @@ that path, as FlashMLA's producer warps do:
 * **producer** (one warpgroup, few registers): loads the query block once, then for every
   64-token tile waits for a free stage (``empty`` mbarrier), reads the tile's slot ids and
   copies the rows into shared memory with ``cp.async`` (16-byte vectors, zero-filled for a
-  masked id), waits for its own copies, fences them for the tensor cores (async proxy) and
-  signals the stage ``ready``. With ``STAGES`` stages it runs up to ``STAGES - 1`` tiles ahead.
-* **consumers** (the default partition, two warpgroups): per tile, ``S = q k^T`` as one
+  masked id; fp8_ds_mla rows as stored: the NoPE bytes, the four float32 scales, the bf16 rope
+  part), waits for its own copies, fences them for the tensor cores (async proxy) and signals
+  the stage ``ready``. With ``STAGES`` stages it runs up to ``STAGES - 1`` tiles ahead.
+* **consumers** (the default partition, two warpgroups): per tile (fp8_ds_mla rows first
+  dequantized from the stage into one bf16 tile by both warpgroups), ``S = q k^T`` as one
   64 x 64 wgmma whose warps are laid out ``[4, 2]`` (each warpgroup computes half of the
   tokens for all 64 heads, so ``S`` is computed once), a base-2 online softmax (the row max
   across the warpgroups by the compiler's reduction), then ``acc += P V`` as a 64 x 512 wgmma
   with the same warp layout (each warpgroup owns 256 of the V columns; ``P`` reaches both
-  through the layout conversion), and the stage goes back to the producer. The row sums are
-  accumulated per element and reduced once at the end.
+  through the stage's rope tile in shared memory, which the score MMAs are done with), and the
+  stage goes back to the producer. The row sums are accumulated per element and reduced once
+  at the end.
 
-Shared memory at 64 heads, 64-token tiles, d_qk 576: the query block 72 KB, a bf16 stage 72 KB;
-two stages fill the 227 KB a program may have.
+Shared memory at 64 heads, 64-token tiles, d_qk 576: the query block 72 KB and two stages of
+72 KB (bf16 rows: 221804 bytes), or two stages of the rows as stored (41 KB) and one bf16 tile
+(fp8_ds_mla rows: 223852 bytes), of the 227 KB a program may have. Measured on the H200 and
+why it is where it is (bf16 rows gather-bound, fp8 rows bound by the dequantization):
+BENCHMARKS 6o.
 """
 from __future__ import annotations
 
