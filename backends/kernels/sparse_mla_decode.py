@@ -71,7 +71,7 @@ from backends.kernels.kv_format import FP8_TILE, fp8_ds_mla_offsets, kv_dtype_of
 
 __all__ = ["sparse_mla_decode", "sparse_mla_decode_with_info", "compile_for_arch", "LaunchInfo",
            "choose_num_splits", "DEFAULT_NUM_SMS", "check_decode_inputs", "plan_splits",
-           "combine_splits"]
+           "combine_splits", "kv_row_args"]
 
 #: multiprocessors of an H200; used to plan splits when the tensors are not on a GPU
 DEFAULT_NUM_SMS = 132
@@ -508,6 +508,20 @@ def _row_views(kind: str, row_stride: int, d_v: int, d_rope: int) -> Tuple[int, 
     return row_stride // 4, scales_start // 4, row_stride // 2, rope_start // 2
 
 
+def kv_row_args(kv_cache: torch.Tensor, kind: str, d_v: int, d_rope: int) -> tuple:
+    """The KV arguments of the decode kernels, in their order: ``(kv, stride_kv, scales,
+    stride_scale, scale_off, rope, stride_rope, rope_off)``: the rows, the fp8 scales as a
+    float32 view and the rope values as a bf16 view (for bf16 rows the rows themselves), each
+    with its row stride and offset in elements of its view."""
+    stride_scale, scale_off, stride_rope, rope_off = _row_views(kind, kv_cache.stride(0), d_v, d_rope)
+    if kind == "bf16":
+        scales, rope = kv_cache, kv_cache
+    else:
+        scales, rope = kv_cache.view(torch.float32), kv_cache.view(torch.bfloat16)
+    return (kv_cache, kv_cache.stride(0), scales, stride_scale, scale_off, rope, stride_rope,
+            rope_off)
+
+
 def _constexprs(kind: str, d_v: int, d_rope: int, stride_rope: int, rope_off: int, split: bool,
                 prefetch: str, split_scores: bool, block_h: int, block_n: int,
                 mma_dtype: torch.dtype) -> dict:
@@ -808,20 +822,14 @@ def sparse_mla_decode_with_info(
                                     split_scores)
     split = num_splits > 1
 
-    kv_ptr, stride_kv = kv_cache, kv_cache.stride(0)
-    stride_scale, scale_off, stride_rope, rope_off = _row_views(kind, kv_cache.stride(0), d_v, d_rope)
-    if kind == "bf16":
-        scale_t, rope_t = kv_cache, kv_cache
-    else:
-        scale_t, rope_t = kv_cache.view(torch.float32), kv_cache.view(torch.bfloat16)
+    rows = kv_row_args(kv_cache, kind, d_v, d_rope)
+    *_, stride_rope, rope_off = rows
 
     num_head_blocks = triton.cdiv(num_heads, block_h)
     grid = (bsz * num_splits * num_head_blocks,)
     kernel = _sparse_mla_decode_fwd[grid](
         q, q.stride(0), q.stride(1),
-        kv_ptr, stride_kv,
-        scale_t, stride_scale, scale_off,
-        rope_t, stride_rope, rope_off,
+        *rows,
         indices, indices.stride(0),
         out, out.stride(0), out.stride(1),
         lse, lse.stride(0),

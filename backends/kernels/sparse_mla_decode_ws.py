@@ -47,8 +47,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma, warpgroup_mma_wait)
 
 from backends.kernels.kv_format import fp8_ds_mla_offsets
-from backends.kernels.sparse_mla_decode import (LaunchInfo, _row_views, check_decode_inputs,
-                                                combine_splits, plan_splits)
+from backends.kernels.sparse_mla_decode import (LaunchInfo, check_decode_inputs, combine_splits,
+                                                kv_row_args, plan_splits)
 
 __all__ = ["sparse_mla_decode_ws", "ws_supported", "WS_BLOCK_H", "WS_BLOCK_N"]
 
@@ -401,17 +401,9 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
     if num_splits == 0:
         return out, lse, info
     num_head_blocks = num_heads // WS_BLOCK_H
-    stride_scale, scale_off, stride_rope, rope_off = _row_views(kind, kv_cache.stride(0), d_v,
-                                                                d_qk - d_v)
-    if kind == "bf16":
-        scale_t, rope_t = kv_cache, kv_cache
-    else:
-        scale_t, rope_t = kv_cache.view(torch.float32), kv_cache.view(torch.bfloat16)
     kernel = _sparse_mla_decode_ws_fwd[(bsz * num_splits * num_head_blocks,)](
         q, q.stride(0), q.stride(1),
-        kv_cache, kv_cache.stride(0),
-        scale_t, stride_scale, scale_off,
-        rope_t, stride_rope, rope_off,
+        *kv_row_args(kv_cache, kind, d_v, d_qk - d_v),
         indices, indices.stride(0),
         out, out.stride(0), out.stride(1),
         lse, lse.stride(0),

@@ -3,7 +3,9 @@ built, and two ablations made from its source at run time (the product module is
 ``loads_only`` (the consumers wait for each stage and hand it back without any MMA or softmax:
 the producer's gather alone) and ``compute_only`` (the producer's copies are all masked: no
 global reads, the consumers compute on whatever the stages hold). Also the 1-stage launch.
-``consumer_dequant``: the fp8 design of calls 5-6 (scripts/ws_consumer_dequant_snapshot.py).
+Call 8 ran this script at commit 74177ef (the module then dequantized fp8 rows in the producer)
+with one more variant, ``consumer_dequant``: a copy of the module of commit de8e4e3 (the
+consumers dequantize; the module's design again since 43cc602).
 CUDA-event timing with the L2 flushed (harness.timing.time_fn), median of 30."""
 import importlib.util
 import sys
@@ -35,12 +37,7 @@ a, b = SRC.index(LOOP_START), SRC.index(LOOP_END) + len(LOOP_END)
 assert SRC.count(LOOP_START) == 1 and SRC.count(PROD_ARGS) == 1
 mods = {"ws": ws,
         "loads_only": variant("loads_only", SRC[:a] + "        m_new = m_i\n" + SRC[b:]),
-        "compute_only": variant("compute_only", SRC.replace(PROD_ARGS, PROD_ARGS.replace("lim", "0"))),
-        # call 8 ran the producer's dequantization as ``ws`` and this as a variant: the fp8
-        # design of calls 5-6 (raw rows by cp.async, dequantized by the consumers), which is
-        # the module's now; scripts/ws_producer_dequant_snapshot.py keeps the other
-        "consumer_dequant": variant("consumer_dequant", open(
-            __file__.replace("ws_diag.py", "ws_consumer_dequant_snapshot.py")).read())}
+        "compute_only": variant("compute_only", SRC.replace(PROD_ARGS, PROD_ARGS.replace("lim", "0")))}
 dev = torch.device("cuda")
 rows = []
 for kv_dtype in ("bf16", "fp8_ds_mla"):
