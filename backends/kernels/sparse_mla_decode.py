@@ -71,7 +71,7 @@ from backends.kernels.kv_format import FP8_TILE, fp8_ds_mla_offsets, kv_dtype_of
 
 __all__ = ["sparse_mla_decode", "sparse_mla_decode_with_info", "compile_for_arch", "LaunchInfo",
            "choose_num_splits", "DEFAULT_NUM_SMS", "check_decode_inputs", "plan_splits",
-           "combine_splits", "kv_row_args"]
+           "combine_splits", "kernel_args"]
 
 #: multiprocessors of an H200; used to plan splits when the tensors are not on a GPU
 DEFAULT_NUM_SMS = 132
@@ -508,18 +508,29 @@ def _row_views(kind: str, row_stride: int, d_v: int, d_rope: int) -> Tuple[int, 
     return row_stride // 4, scales_start // 4, row_stride // 2, rope_start // 2
 
 
-def kv_row_args(kv_cache: torch.Tensor, kind: str, d_v: int, d_rope: int) -> tuple:
-    """The KV arguments of the decode kernels, in their order: ``(kv, stride_kv, scales,
-    stride_scale, scale_off, rope, stride_rope, rope_off)``: the rows, the fp8 scales as a
-    float32 view and the rope values as a bf16 view (for bf16 rows the rows themselves), each
-    with its row stride and offset in elements of its view."""
-    stride_scale, scale_off, stride_rope, rope_off = _row_views(kind, kv_cache.stride(0), d_v, d_rope)
+def kernel_args(q: torch.Tensor, kv_cache: torch.Tensor, kind: str, indices: torch.Tensor,
+                sm_scale: float, d_v: int, plan: tuple, num_head_blocks: int) -> tuple:
+    """The positional arguments both decode kernels take, in their order: the query, the KV
+    rows with the fp8 scales as a float32 view and the rope values as a bf16 view (for bf16 rows
+    the rows themselves), each with its row stride and offset in elements of its view, the
+    indices, the outputs and per-split partials of ``plan`` (:func:`plan_splits`'s tuple), the
+    sizes, and ``sm_scale * log2(e)``."""
+    out, lse, num_splits, tiles_per_split, part_o, part_lse = plan
+    stride_scale, scale_off, stride_rope, rope_off = _row_views(kind, kv_cache.stride(0), d_v,
+                                                                q.shape[2] - d_v)
     if kind == "bf16":
         scales, rope = kv_cache, kv_cache
     else:
         scales, rope = kv_cache.view(torch.float32), kv_cache.view(torch.bfloat16)
-    return (kv_cache, kv_cache.stride(0), scales, stride_scale, scale_off, rope, stride_rope,
-            rope_off)
+    return (q, q.stride(0), q.stride(1),
+            kv_cache, kv_cache.stride(0), scales, stride_scale, scale_off,
+            rope, stride_rope, rope_off,
+            indices, indices.stride(0),
+            out, out.stride(0), out.stride(1),
+            lse, lse.stride(0),
+            part_o, part_lse,
+            q.shape[1], indices.shape[1], kv_cache.shape[0], num_splits, tiles_per_split,
+            num_head_blocks, sm_scale * _LOG2E)
 
 
 def _constexprs(kind: str, d_v: int, d_rope: int, stride_rope: int, rope_off: int, split: bool,
@@ -815,27 +826,16 @@ def sparse_mla_decode_with_info(
         raise ValueError("mma_dtype=torch.bfloat16 does not work under TRITON_INTERPRET=1 "
                          "(the interpreter multiplies bf16 bit patterns); use torch.float16")
     top_k = indices.shape[1]
-    out, lse, num_splits, tiles_per_split, part_o, part_lse = plan_splits(
-        q, top_k, num_slots, d_v, block_h, block_n, num_splits, num_sms)
+    plan = plan_splits(q, top_k, num_slots, d_v, block_h, block_n, num_splits, num_sms)
+    out, lse, num_splits, _, part_o, part_lse = plan
     if num_splits == 0:
         return out, lse, LaunchInfo(block_h, block_n, num_warps, num_stages, 1, prefetch,
                                     split_scores)
     split = num_splits > 1
-
-    rows = kv_row_args(kv_cache, kind, d_v, d_rope)
-    *_, stride_rope, rope_off = rows
-
+    _, _, stride_rope, rope_off = _row_views(kind, kv_cache.stride(0), d_v, d_rope)
     num_head_blocks = triton.cdiv(num_heads, block_h)
-    grid = (bsz * num_splits * num_head_blocks,)
-    kernel = _sparse_mla_decode_fwd[grid](
-        q, q.stride(0), q.stride(1),
-        *rows,
-        indices, indices.stride(0),
-        out, out.stride(0), out.stride(1),
-        lse, lse.stride(0),
-        part_o, part_lse,
-        num_heads, top_k, num_slots, num_splits, tiles_per_split, num_head_blocks,
-        sm_scale * _LOG2E,
+    kernel = _sparse_mla_decode_fwd[(bsz * num_splits * num_head_blocks,)](
+        *kernel_args(q, kv_cache, kind, indices, sm_scale, d_v, plan, num_head_blocks),
         **_constexprs(kind, d_v, d_rope, stride_rope, rope_off, split, prefetch, split_scores,
                       block_h, block_n, mma_dtype),
         num_warps=num_warps, num_stages=num_stages,

@@ -48,7 +48,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from backends.kernels.kv_format import fp8_ds_mla_offsets
 from backends.kernels.sparse_mla_decode import (LaunchInfo, check_decode_inputs, combine_splits,
-                                                kv_row_args, plan_splits)
+                                                kernel_args, plan_splits)
 
 __all__ = ["sparse_mla_decode_ws", "ws_supported", "WS_BLOCK_H", "WS_BLOCK_N"]
 
@@ -67,7 +67,6 @@ _DEQ_ROWS = 16
 #: no spills for bf16 rows; 20 bytes for fp8_ds_mla rows, fewer producer registers or rows do
 #: not remove them and more move them to the consumers
 _MAXNREG = 168
-_LOG2E = 1.4426950408889634
 #: names that differ between Triton 3.6 (the GPU machine's) and later versions: a barrier over
 #: the warps of the calling partition, and the cp.async copy into shared memory
 _partition_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
@@ -394,22 +393,15 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
         raise ValueError(f"stages must be an int >= 1, got {stages!r}")
     bsz, num_heads, d_qk = q.shape
     top_k, num_slots = indices.shape[1], kv_cache.shape[0]
-    out, lse, num_splits, tiles_per_split, part_o, part_lse = plan_splits(
-        q, top_k, num_slots, d_v, WS_BLOCK_H, WS_BLOCK_N, num_splits, num_sms)
+    plan = plan_splits(q, top_k, num_slots, d_v, WS_BLOCK_H, WS_BLOCK_N, num_splits, num_sms)
+    out, lse, num_splits, _, part_o, part_lse = plan
     info = LaunchInfo(WS_BLOCK_H, WS_BLOCK_N, 8, stages, max(num_splits, 1), "producer", True,
                       kernel="ws")
     if num_splits == 0:
         return out, lse, info
     num_head_blocks = num_heads // WS_BLOCK_H
     kernel = _sparse_mla_decode_ws_fwd[(bsz * num_splits * num_head_blocks,)](
-        q, q.stride(0), q.stride(1),
-        *kv_row_args(kv_cache, kind, d_v, d_qk - d_v),
-        indices, indices.stride(0),
-        out, out.stride(0), out.stride(1),
-        lse, lse.stride(0),
-        part_o, part_lse,
-        num_heads, top_k, num_slots, num_splits, tiles_per_split, num_head_blocks,
-        sm_scale * _LOG2E,
+        *kernel_args(q, kv_cache, kind, indices, sm_scale, d_v, plan, num_head_blocks),
         **_constexprs(kind, d_v, d_qk - d_v, stages, num_splits > 1),
         num_warps=8, maxnreg=_MAXNREG,
     )
