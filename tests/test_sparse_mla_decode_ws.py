@@ -67,13 +67,19 @@ def test_limits_are_named_before_any_launch():
     cpu = torch.device("cpu")
     q, kv, idx = _inputs(2, b=1, h=64, d_v=256, d_rope=64, k=64, num_slots=128, device=cpu)
     assert "CUDA device" in ws_supported(q, kv, 256)
-    with pytest.raises(ValueError, match="sparse_mla_decode_ws needs a CUDA device"):
-        sparse_mla_decode(q, kv, idx, 0.1, 256, kernel="ws")
-    # the common checks come first: a bad index dtype is named as such
-    with pytest.raises(ValueError, match="indices must be a 2-D torch.int32"):
-        sparse_mla_decode(q, kv, idx.long(), 0.1, 256, kernel="ws")
+    # off the GPU the device is named first (the interpreter cannot run Gluon kernels)
+    for bad_idx in (idx, idx.long()):
+        with pytest.raises(ValueError, match="sparse_mla_decode_ws needs a CUDA device"):
+            sparse_mla_decode(q, kv, bad_idx, 0.1, 256, kernel="ws")
     if _hopper():
         dev = torch.device("cuda")
+        # on the GPU the common checks come first: a bad index dtype is named as such
+        with pytest.raises(ValueError, match="indices must be a 2-D torch.int32"):
+            sparse_mla_decode(q.to(dev), kv.to(dev), idx.long().to(dev), 0.1, 256, kernel="ws")
+        # a third 64-token bf16 stage does not fit beside the query block: named, not launched
+        q5, kv5, idx5 = _inputs(4, b=1, h=64, d_v=512, d_rope=64, k=64, num_slots=128, device=dev)
+        with pytest.raises(ValueError, match="stages=3 needs 294912 bytes.*at most 2 stages"):
+            sparse_mla_decode(q5, kv5, idx5, 0.1, 512, kernel="ws", num_stages=3)
         q, kv, idx = _inputs(3, b=1, h=48, d_v=256, d_rope=64, k=64, num_slots=128, device=dev)
         assert "multiple of 64" in ws_supported(q, kv, 256)
         q, kv, idx = _inputs(3, b=1, h=64, d_v=256, d_rope=48, k=64, num_slots=128, device=dev)
@@ -134,7 +140,7 @@ def test_dsv32_size_matches_reference(kv_dtype, num_splits, stages):
                          device=dev)
     cache = make_kv_cache(kv, kv_dtype, d_nope=512)
     idx[b - 1] = -1                                  # one fully masked row
-    idx[0, :64] = idx[0, 64]                         # a duplicated slot, 65 times
+    idx[0, :65] = 12345                              # a duplicated slot, 65 times
     idx[1, 5] = 65536                                # past the cache: masked like -1
     out, lse, info = _check(q, cache, idx, 512, kv_dtype, num_splits=num_splits,
                             num_stages=stages)
@@ -154,6 +160,10 @@ def test_other_widths_and_a_partial_tile():
     q, kv, idx = _inputs(7, b=3, h=64, d_v=256, d_rope=64, k=100, num_slots=500, device=dev)
     _check(q, kv, idx, 256, num_splits=2)
     _check(q, kv, idx, 256, num_splits=1)
+    # d_v 128; and row 0's first split (its first 64 tokens) all masked, the second not
+    q2, kv2, idx2 = _inputs(8, b=2, h=64, d_v=128, d_rope=64, k=100, num_slots=500, device=dev)
+    idx2[0, :64] = -1
+    _check(q2, kv2, idx2, 128, num_splits=2)
     # an empty top-k: zeros and +inf without a launch
     out, lse, _ = sparse_mla_decode_with_info(q, kv, idx[:, :0], 0.1, 256, kernel="ws")
     assert torch.all(out == 0) and torch.all(lse == math.inf)

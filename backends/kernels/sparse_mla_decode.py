@@ -788,9 +788,10 @@ def sparse_mla_decode_with_info(
         num_sms: multiprocessors used by the split heuristic; default the device's (132 when
             not on a GPU).
         kernel: ``"triton"`` (this module's kernel) or ``"ws"``: the warp-specialised Gluon
-            kernel (:mod:`backends.kernels.sparse_mla_decode_ws`; Hopper, bf16 rows, heads a
-            multiple of 64), which takes ``num_stages`` (default 2) and ``num_splits`` only:
-            the other launch options must keep their defaults.
+            kernel (:mod:`backends.kernels.sparse_mla_decode_ws`; Hopper, both row formats,
+            heads a multiple of 64, ``d_qk - d_v = 64``: ``ws_supported``), which takes
+            ``num_stages`` (default 2) and ``num_splits`` only: the other launch options must
+            keep their defaults.
 
     Returns:
         ``out [B, H, d_v]`` torch.bfloat16 and ``lse [B, H]`` torch.float32 (natural log of

@@ -50,23 +50,27 @@ from backends.kernels.kv_format import fp8_ds_mla_offsets
 from backends.kernels.sparse_mla_decode import (LaunchInfo, check_decode_inputs, combine_splits,
                                                 kernel_args, plan_splits)
 
-__all__ = ["sparse_mla_decode_ws", "ws_supported", "WS_BLOCK_H", "WS_BLOCK_N"]
+__all__ = ["sparse_mla_decode_ws", "ws_supported", "shared_memory_bytes", "compile_for_sm90",
+           "WS_BLOCK_H", "WS_BLOCK_N"]
 
 #: query heads a program serves (one wgmma M) and top-k tokens a tile holds
 WS_BLOCK_H = 64
 WS_BLOCK_N = 64
 _PRODUCER_WARPS = 4
 #: per KV format: rows a producer step covers and the producer's registers a thread (bf16: the
-#: cp.async addresses; fp8_ds_mla: the bytes and their dequantized values in registers)
+#: cp.async addresses, for both formats)
 _ROWS = {"bf16": 16, "fp8_ds_mla": 16}
 _PRODUCER_REGS = {"bf16": 48, "fp8_ds_mla": 48}
 #: fp8_ds_mla rows: rows the consumers dequantize at a time (registers: 2 x 16 bytes a thread)
 _DEQ_ROWS = 16
 #: registers per thread of the whole program: 12 warps x 32 x 168 <= 64 K; the consumers get
-#: (168 * 12 - regs * 4) / 8 (bf16 228, fp8_ds_mla 224). ptxas 12.8 (Triton 3.6) for sm_90a:
-#: no spills for bf16 rows; 20 bytes for fp8_ds_mla rows, fewer producer registers or rows do
-#: not remove them and more move them to the consumers
+#: (168 * 12 - 48 * 4) / 8 = 228 rounded down to setmaxnreg's multiple of 8: 224 (the PTX's
+#: setmaxnreg). ptxas 12.8 (Triton 3.6) for sm_90a: no spills for bf16 rows, 20 bytes for
+#: fp8_ds_mla rows (the consumers' dequantization)
 _MAXNREG = 168
+#: dynamic shared memory a program may have on the H200: 227 KB less the 1 KB of static shared
+#: memory ptxas gives the kernel, less 2 KB for the compiler's scratch and the mbarriers
+_SMEM_BUDGET = 227 * 1024 - 1024 - 2048
 #: names that differ between Triton 3.6 (the GPU machine's) and later versions: a barrier over
 #: the warps of the calling partition, and the cp.async copy into shared memory
 _partition_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
@@ -243,6 +247,7 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
         # columns), and the PV MMA reads it from there: into the stage's rope tile, which has
         # the same shape and layout ([64, 64] bf16) and which the score MMAs are done with
         p_smem = kv_rope.index(s)
+        _partition_barrier()              # both warpgroups' score MMAs are done with the tile
         p_smem.store(p.to(gl.bfloat16))
         fence_async_shared()
         _partition_barrier()
@@ -370,6 +375,19 @@ def ws_supported(q: torch.Tensor, kv_cache: torch.Tensor, d_v: int) -> Optional[
     return None
 
 
+def shared_memory_bytes(kind: str, d_v: int, stages: int) -> int:
+    """Shared memory the kernel allocates, in bytes, besides the compiler's scratch (a few
+    hundred bytes) and its mbarriers: the query block ``[64, d_v + 64]`` bf16 and ``stages``
+    stages of 64 tokens (bf16 rows: ``[64, d_v + 64]`` bf16; fp8_ds_mla rows: the NoPE bytes,
+    the float32 scales and the bf16 rope part, plus one bf16 ``[64, d_v]`` tile)."""
+    q_block = WS_BLOCK_H * (d_v + WS_BLOCK_N) * 2
+    rope = WS_BLOCK_N * WS_BLOCK_N * 2
+    if kind == "bf16":
+        return q_block + stages * (WS_BLOCK_N * d_v * 2 + rope)
+    return (q_block + WS_BLOCK_N * d_v * 2
+            + stages * (WS_BLOCK_N * d_v + WS_BLOCK_N * (d_v // 128) * 4 + rope))
+
+
 def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor,
                          sm_scale: float, d_v: int = 512, *, num_splits: Optional[int] = None,
                          stages: int = 2, num_sms: Optional[int] = None
@@ -383,14 +401,24 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
     :class:`~backends.kernels.sparse_mla_decode.LaunchInfo`), within the limits of
     :func:`ws_supported` (ValueError naming the limit otherwise, before any launch).
     ``num_splits``: top-k splits (flash-decoding; default the same wave model);
-    ``stages``: KV tiles in shared memory (2 at d_qk 576; 1 serialises gather and MMAs).
+    ``stages``: KV tiles in shared memory (2 at d_qk 576, the most that fit: a larger count is
+    a ValueError naming the bytes, :func:`shared_memory_bytes`; 1 serialises gather and MMAs).
     """
+    if isinstance(q, torch.Tensor) and q.device.type != "cuda":
+        raise ValueError(f"sparse_mla_decode_ws needs a CUDA device (tensors on {q.device}; the "
+                         "Triton interpreter cannot run Gluon kernels)")
     kind, sm_scale = check_decode_inputs(q, kv_cache, indices, sm_scale, d_v)
     why = ws_supported(q, kv_cache, d_v)
     if why is not None:
         raise ValueError(f"sparse_mla_decode_ws {why}")
     if not isinstance(stages, int) or isinstance(stages, bool) or stages < 1:
         raise ValueError(f"stages must be an int >= 1, got {stages!r}")
+    need = shared_memory_bytes(kind, d_v, stages)
+    if need > _SMEM_BUDGET:
+        raise ValueError(f"stages={stages} needs {need} bytes of shared memory for {kind} rows at "
+                         f"d_v={d_v}; a program may have {_SMEM_BUDGET} (at most "
+                         f"{max(s for s in range(1, 9) if shared_memory_bytes(kind, d_v, s) <= _SMEM_BUDGET)}"
+                         " stages)")
     bsz, num_heads, d_qk = q.shape
     top_k, num_slots = indices.shape[1], kv_cache.shape[0]
     plan = plan_splits(q, top_k, num_slots, d_v, WS_BLOCK_H, WS_BLOCK_N, num_splits, num_sms)
@@ -452,7 +480,7 @@ def compile_for_sm90(kind: str = "bf16", *, d_v: int = 512, d_rope: int = 64, st
                 scale_ptr="*fp32" if fp8 else "*bf16", rope_ptr="*bf16", idx_ptr="*i32",
                 out_ptr="*bf16", lse_ptr="*fp32", part_o_ptr="*fp32", part_lse_ptr="*fp32")
     div16 = {"stride_qb", "stride_qh", "stride_kv", "stride_ib", "stride_ob", "stride_oh",
-             "stride_lb", "H", "K", "stride_rope"}
+             "stride_lb", "H", "K"} | (set() if fp8 else {"stride_rope"})
     signature, attrs = {}, {}
     for i, n in enumerate(names):
         if n in const:

@@ -45,6 +45,7 @@ from backends.kernels.flashmla_peer import flashmla_attention, padded_heads
 from backends.kernels.index_convert import convert_req_index_to_global_index
 from backends.kernels.kv_format import KV_DTYPES, make_kv_cache, row_bytes
 from backends.kernels.sparse_mla_decode import sparse_mla_decode, sparse_mla_decode_with_info
+from backends.kernels.sparse_mla_decode_ws import ws_supported
 from harness.bench.measure import BenchRun, Check, exact
 from harness.bench.registry import register
 from harness.bench.table import format_table
@@ -374,6 +375,11 @@ def _tuned_row(run: BenchRun, prob: DecodeProblem, name: str, kwargs: dict, cols
     """One variant: launched once for its resolved configuration and compiled resources, then
     checked and timed like every row."""
     pool = prob.pool
+    if kwargs.get("kernel") == "ws":      # Hopper and DeepSeek-V3.2's widths only: a skip elsewhere
+        why = ws_supported(prob.q, pool.cache, pool.d_v)
+        if why is not None:
+            return run.skip("invalid", f"sparse_mla_decode_ws {why}", kernel="sparse_mla_decode",
+                            variant=name, launch_config=json.dumps(kwargs, sort_keys=True), **cols)
     try:
         _, _, info = sparse_mla_decode_with_info(prob.q, pool.cache, prob.indices, SM_SCALE,
                                                  pool.d_v, **kwargs)
