@@ -102,7 +102,11 @@ out = {}
 for kind in ("bf16", "fp8_ds_mla"):
     k = compile_for_sm90(kind, d_v=512, d_rope=64, stages=2)
     ptx = k.asm["ptx"]
-    out[kind] = {"shared": k.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
+    lines = ptx.splitlines()
+    wait = next(i for i, l in enumerate(lines) if "wgmma.wait_group" in l)   # the score MMAs'
+    p_store = next(i for i in range(wait, len(lines)) if "stmatrix" in lines[i])  # P's store
+    out[kind] = {"bar_before_p": sum("bar.sync" in l for l in lines[wait:p_store]),
+                 "shared": k.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
                  "cp_async": ptx.count("cp.async.cg") + ptx.count("cp.async.ca"),
                  "maxnreg": sorted(set(l.split()[0] for l in ptx.splitlines() if "setmaxnreg" in l))}
 print(json.dumps(out))
@@ -114,11 +118,15 @@ def test_compiles_for_sm90_within_shared_memory():
     KV formats: the partitions get register budgets of their own (setmaxnreg), the score and
     PV MMAs are wgmma (36 k-steps of the 576-wide scores, 4 of the 64-token PV: 40 per tile),
     the gather is cp.async, and the query block and the stages fit the H200's shared memory
-    (bf16: two bf16 stages; fp8_ds_mla: two stages of the rows as stored and one bf16 tile)."""
+    (bf16: two bf16 stages; fp8_ds_mla: two stages of the rows as stored and one bf16 tile).
+    P overwrites the stage's rope tile, which the other warpgroup's score MMA may still read:
+    the partition-wide barrier of the cross-warpgroup row max must stand between the score
+    MMAs' wait and P's store (the kernel relies on it, as it ran on the H200)."""
     from tests.test_sparse_mla_decode import _H200_SMEM, _compile_report
     rep = _compile_report(_WS_COMPILE)
     for kind, r in rep.items():
         assert r["wgmma"] == 40 and r["cp_async"] > 0, (kind, r)
+        assert r["bar_before_p"] >= 1, (kind, r)
         assert {"setmaxnreg.dec.sync.aligned.u32", "setmaxnreg.inc.sync.aligned.u32"} <= set(r["maxnreg"]), r
         assert 2 * (64 * 576 * 2) < r["shared"] <= _H200_SMEM, (kind, r)
 

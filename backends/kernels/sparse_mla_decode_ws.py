@@ -246,8 +246,10 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
         # P to both warpgroups through shared memory, one barrier (each writes its tokens'
         # columns), and the PV MMA reads it from there: into the stage's rope tile, which has
         # the same shape and layout ([64, 64] bf16) and which the score MMAs are done with
+        # (both warpgroups' score MMAs are done with it once the row max above has crossed the
+        # warpgroups: the compiler's reduction syncs the partition between the wait and this
+        # store; tests/test_sparse_mla_decode_ws.py checks that in the sm_90a PTX)
         p_smem = kv_rope.index(s)
-        _partition_barrier()              # both warpgroups' score MMAs are done with the tile
         p_smem.store(p.to(gl.bfloat16))
         fence_async_shared()
         _partition_barrier()
