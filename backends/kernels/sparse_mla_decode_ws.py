@@ -90,6 +90,15 @@ def _copy_rows(dst, base_ptr, row, valid, stride, col0, WIDTH: gl.constexpr,
 
 
 @gluon.jit
+def _copy_ids(dst, idx_row, t, lim, BLOCK_N: gl.constexpr, layout: gl.constexpr):
+    """Issues ``cp.async`` copies (4 bytes each) of tile ``t``'s slot ids ``idx_row[t * BLOCK_N
+    :][:BLOCK_N]`` (int32) into ``dst [BLOCK_N]``; ids at ``lim`` or beyond are zero-filled (the
+    reader masks them again)."""
+    on = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=layout)
+    _cp_async(dst, idx_row + on, mask=on < lim)
+
+
+@gluon.jit
 def _copy_fp8_nope(dst, kv_ptr, stride_kv, idx, D_V: gl.constexpr, raw_l: gl.constexpr):
     """Issues ``cp.async`` copies of the NoPE bytes of fp8_ds_mla rows ``idx [R]`` (int32 in
     the row slice of ``raw_l``; < 0: zeros) into ``dst [R, D_V / 128, 128]`` uint8, as stored."""
@@ -115,16 +124,85 @@ def _copy_fp8_scales(dst, scale_ptr, stride_scale, scale_off, idx, D_V: gl.const
     _cp_async(dst, scale_ptr + start[:, None] + g[None, :], mask=ok[:, None])
 
 
+#: fp8 e4m3 -> bf16 dequantization of 4 bytes (``$2``) times a float32 scale (``$3``, its
+#: bits; ``$4``-``$6`` the same scale, unused) into two bf16x2 (``$0`` elements 0-1, ``$1``
+#: elements 2-3), rounded once from the exact float32 product as the reference rounds it.
+#: "cvt": the hardware conversion e4m3x2 -> f16x2; "alu": the bytes placed into float16 bit
+#: fields by integer operations (value x 2^-8, exact, subnormals included; the scale comes in
+#: times 2^8); "mixed": bytes 0-1 the first way, 2-3 the second
+_F16_PAIR_ALU = """
+and.b32 u, $2, 0x7F7F7F7F;
+prmt.b32 ta, u, 0, SEL;
+prmt.b32 tb, $2, 0, SEL;
+shr.b32 ta, ta, 1;
+lop3.b32 DST, ta, tb, 0x80008000, 0xF8;"""
+_F32_TAIL = """
+mov.b32 {h0, h1}, p0;
+mov.b32 {h2, h3}, p1;
+cvt.f32.f16 f0, h0;
+cvt.f32.f16 f1, h1;
+cvt.f32.f16 f2, h2;
+cvt.f32.f16 f3, h3;
+mul.rn.f32 f0, f0, s;
+mul.rn.f32 f1, f1, s;
+mul.rn.f32 f2, f2, s2;
+mul.rn.f32 f3, f3, s2;
+cvt.rn.bf16x2.f32 $0, f1, f0;
+cvt.rn.bf16x2.f32 $1, f3, f2;
+}"""
+_DECLS = """{
+.reg .b32 u, ta, tb, p0, p1;
+.reg .b16 q0, q1, h0, h1, h2, h3;
+.reg .f32 f0, f1, f2, f3, s, s2;
+mov.b32 s, $3;
+"""
+_DEQ_ASM = {
+    "cvt": _DECLS + """mov.b32 s2, $3;
+mov.b32 {q0, q1}, $2;
+cvt.rn.f16x2.e4m3x2 p0, q0;
+cvt.rn.f16x2.e4m3x2 p1, q1;""" + _F32_TAIL,
+    "alu": _DECLS + "mov.b32 s2, $3;" + _F16_PAIR_ALU.replace("SEL", "0x1404").replace("DST", "p0")
+    + _F16_PAIR_ALU.replace("SEL", "0x3424").replace("DST", "p1") + _F32_TAIL,
+    "mixed": _DECLS + """mul.rn.f32 s2, s, 0f43800000;
+mov.b32 {q0, q1}, $2;
+cvt.rn.f16x2.e4m3x2 p0, q0;""" + _F16_PAIR_ALU.replace("SEL", "0x3424").replace("DST", "p1")
+    + _F32_TAIL,
+    "bf16mul": """{
+.reg .b32 u, ta, tb, p0, p1, sb;
+.reg .f32 s;
+mov.b32 s, $3;
+cvt.rn.bf16x2.f32 sb, s, s;
+and.b32 u, $2, 0x7F7F7F7F;
+prmt.b32 ta, u, 0, 0x1404;
+prmt.b32 tb, $2, 0, 0x1404;
+shr.b32 ta, ta, 4;
+lop3.b32 p0, ta, tb, 0x80008000, 0xF8;
+prmt.b32 ta, u, 0, 0x3424;
+prmt.b32 tb, $2, 0, 0x3424;
+shr.b32 ta, ta, 4;
+lop3.b32 p1, ta, tb, 0x80008000, 0xF8;
+mul.rn.bf16x2 $0, p0, sb;
+mul.rn.bf16x2 $1, p1, sb;
+}""",
+}
+#: scale factor each variant expects (the integer-built float16 carries value x 2^-8)
+_DEQ_SCALE = {"cvt": 1.0, "alu": 256.0, "mixed": 1.0, "bf16mul": 2.0 ** 120}
+_DEQUANT = "cvt"
+
+
 @gluon.jit
 def _dequant_tile(dst, raw, scales, BLOCK_N: gl.constexpr, D_V: gl.constexpr,
-                  ROWS: gl.constexpr, deq_l: gl.constexpr):
+                  ROWS: gl.constexpr, deq_l: gl.constexpr, DEQ_ASM: gl.constexpr,
+                  DEQ_SCALE: gl.constexpr):
     """``dst [BLOCK_N, D_V]`` bf16 = fp8 e4m3 ``raw [BLOCK_N, D_V / 128, 128]`` x the per-128
     ``scales [BLOCK_N, D_V / 128]`` float32, all in shared memory, ``ROWS`` rows at a time."""
     for c in gl.static_range(BLOCK_N // ROWS):
         r = raw.slice(c * ROWS, ROWS).load(deq_l)
         sc = scales.slice(c * ROWS, ROWS).load(gl.SliceLayout(2, deq_l))
-        vals = r.to(gl.float8e4nv, bitcast=True).to(gl.float32) * sc[:, :, None]
-        dst.slice(c * ROWS, ROWS).store(gl.reshape(vals.to(gl.bfloat16), [ROWS, D_V]))
+        bits = gl.broadcast(r, (sc * DEQ_SCALE)[:, :, None].to(gl.int32, bitcast=True))[1]
+        vals = gl.inline_asm_elementwise(DEQ_ASM, "=r,=r,r,r,r,r,r", [r, bits],
+                                         dtype=gl.bfloat16, is_pure=True, pack=4)
+        dst.slice(c * ROWS, ROWS).store(gl.reshape(vals, [ROWS, D_V]))
 
 
 @gluon.jit
@@ -132,14 +210,17 @@ def _producer(q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
               scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
               idx_ptr, stride_ib,
               b, h0, H, t_begin, t_end, lim, num_slots,
-              q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, q_bar, ready, empty,
+              q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, ids, q_bar, ready, empty,
               D_V: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
               BLOCK_N: gl.constexpr, ROWS: gl.constexpr, STAGES: gl.constexpr,
               WARPS: gl.constexpr, IS_FP8: gl.constexpr, raw_l: gl.constexpr,
               scale_l: gl.constexpr):
     nope_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])
     rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
-    # ---- the query block, once ----
+    ids_l: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    idx_row = idx_ptr + b.to(gl.int64) * stride_ib
+    # ---- the query block and the first tile's slot ids, once ----
+    _copy_ids(ids.index(0), idx_row, t_begin, lim, BLOCK_N, ids_l)
     for c in gl.static_range(BLOCK_H // ROWS):
         hn = h0 + c * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, nope_l))
         _copy_rows(q_nope.slice(c * ROWS, ROWS), q_ptr + b.to(gl.int64) * stride_qb,
@@ -152,20 +233,23 @@ def _producer(q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
     fence_async_shared()
     _partition_barrier()
     mbarrier.arrive(q_bar, count=1)
-    # ---- the KV tiles of this split ----
-    idx_row = idx_ptr + b.to(gl.int64) * stride_ib
+    # ---- the KV tiles of this split; each tile's slot ids come from shared memory, copied
+    # with the previous tile's rows (their load latency off the gather's path) ----
     for t in range(t_begin, t_end):
         i = t - t_begin
         s = i % STAGES
+        cur = ids.index(i % 2)
+        _copy_ids(ids.index((i + 1) % 2), idx_row, t + 1, lim, BLOCK_N, ids_l)
         mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
         if IS_FP8:
             on = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, scale_l))
-            idx = gl.load(idx_row + on, mask=on < lim, other=-1)
+            idx = gl.where(on < lim, cur.load(gl.SliceLayout(1, scale_l)), -1)
             _copy_fp8_scales(kv_scale.index(s), scale_ptr, stride_scale, scale_off,
                              gl.where((idx >= 0) & (idx < num_slots), idx, -1), D_V, scale_l)
         for c in gl.static_range(BLOCK_N // ROWS):
             on = t * BLOCK_N + c * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, rope_l))
-            idx = gl.load(idx_row + on, mask=on < lim, other=-1)
+            idx = gl.where(on < lim, cur.slice(c * ROWS, ROWS).load(gl.SliceLayout(1, rope_l)),
+                           -1)
             ok = (idx >= 0) & (idx < num_slots)
             idx = gl.where(ok, idx, -1)
             _copy_rows(kv_rope.index(s).slice(c * ROWS, ROWS), rope_ptr,
@@ -195,7 +279,8 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
               q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, q_bar, ready, empty,
               D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, SPLIT: gl.constexpr, IS_FP8: gl.constexpr,
-              DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr):
+              DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr, DEQ_ASM: gl.constexpr,
+              DEQ_SCALE: gl.constexpr):
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                   instr_shape=[16, BLOCK_N // 2, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
@@ -227,7 +312,8 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
             # fp8 rows: both warpgroups dequantize the stage's bytes into the one bf16 tile
             # (free: the previous tile's MMAs are done) and fence it for the MMAs
             kn = kv_nope.index(0)
-            _dequant_tile(kn, kv_raw.index(s), kv_scale.index(s), BLOCK_N, D_V, DEQ_ROWS, deq_l)
+            _dequant_tile(kn, kv_raw.index(s), kv_scale.index(s), BLOCK_N, D_V, DEQ_ROWS, deq_l,
+                          DEQ_ASM, DEQ_SCALE)
             fence_async_shared()
             _partition_barrier()
         else:
@@ -298,7 +384,7 @@ def _sparse_mla_decode_ws_fwd(
         PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
         IS_FP8: gl.constexpr, RAW_LAYOUT: gl.constexpr, SCALE_LAYOUT: gl.constexpr,
         DEQ_ROWS: gl.constexpr, DEQ_LAYOUT: gl.constexpr, RAW_SMEM: gl.constexpr,
-        SCALE_SMEM: gl.constexpr):
+        SCALE_SMEM: gl.constexpr, DEQ_ASM: gl.constexpr, DEQ_SCALE: gl.constexpr):
     pid = gl.program_id(0)
     hb = pid % num_head_blocks
     rest = pid // num_head_blocks
@@ -324,6 +410,8 @@ def _sparse_mla_decode_ws_fwd(
         kv_nope = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D_V], sh)
         kv_raw = gl.allocate_shared_memory(gl.uint8, [1, 1, 1, 16], RAW_SMEM)       # unused
         kv_scale = gl.allocate_shared_memory(gl.float32, [1, 1, 4], SCALE_SMEM)     # unused
+    ids = gl.allocate_shared_memory(gl.int32, [2, BLOCK_N],
+                                    gl.SwizzledSharedLayout(1, 1, 1, [0]))
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -337,13 +425,14 @@ def _sparse_mla_decode_ws_fwd(
                      part_o_ptr, part_lse_ptr,
                      b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
                      q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, q_bar, ready, empty,
-                     D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, IS_FP8, DEQ_ROWS, DEQ_LAYOUT)),
+                     D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, IS_FP8, DEQ_ROWS, DEQ_LAYOUT,
+                     DEQ_ASM, DEQ_SCALE)),
         (_producer, (q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
                      scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
                      idx_ptr, stride_ib,
                      b, h0, H, t_begin, t_end, lim, num_slots,
-                     q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, q_bar, ready, empty,
-                     D_V, D_ROPE, BLOCK_H, BLOCK_N, ROWS, STAGES, PRODUCER_WARPS,
+                     q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, ids, q_bar, ready,
+                     empty, D_V, D_ROPE, BLOCK_H, BLOCK_N, ROWS, STAGES, PRODUCER_WARPS,
                      IS_FP8, RAW_LAYOUT, SCALE_LAYOUT)),
     ], [PRODUCER_WARPS], [PRODUCER_REGS])
 
@@ -460,7 +549,8 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool) -> d
                 DEQ_LAYOUT=gl.BlockedLayout([1, 1, 16], [32 // (8 * tpw_g), tpw_g, 8],
                                             [8, 1, 1], [2, 1, 0]),
                 RAW_SMEM=gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]),
-                SCALE_SMEM=gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+                SCALE_SMEM=gl.SwizzledSharedLayout(1, 1, 1, [1, 0]),
+                DEQ_ASM=_DEQ_ASM[_DEQUANT], DEQ_SCALE=_DEQ_SCALE[_DEQUANT])
 
 
 def compile_for_sm90(kind: str = "bf16", *, d_v: int = 512, d_rope: int = 64, stages: int = 2,
