@@ -22,13 +22,17 @@ ATTENTION_KERNELS = ("triton", "triton_ws", "flashmla")
 
 
 def heads_computed(name: str, num_heads: int) -> int:
-    """Query heads the ``name`` kernel actually computes for ``num_heads`` (FlashMLA pads)."""
+    """Query heads the ``name`` kernel actually computes for ``num_heads`` (FlashMLA and the
+    warp-specialised kernel pad to 64-head programs)."""
     if name == "flashmla":
         from backends.kernels.flashmla_peer import PeerUnsupported, padded_heads
         try:
             return padded_heads(num_heads)
         except PeerUnsupported:
             return num_heads
+    if name == "triton_ws":
+        from backends.kernels.sparse_mla_decode_ws import WS_BLOCK_H
+        return -(-num_heads // WS_BLOCK_H) * WS_BLOCK_H
     return num_heads
 
 

@@ -81,7 +81,7 @@ def test_limits_are_named_before_any_launch():
         with pytest.raises(ValueError, match="stages=3 needs 294912 bytes.*at most 2 stages"):
             sparse_mla_decode(q5, kv5, idx5, 0.1, 512, kernel="ws", num_stages=3)
         q, kv, idx = _inputs(3, b=1, h=48, d_v=256, d_rope=64, k=64, num_slots=128, device=dev)
-        assert "multiple of 64" in ws_supported(q, kv, 256)
+        assert ws_supported(q, kv, 256) is None          # heads padded to a 64-head program
         q, kv, idx = _inputs(3, b=1, h=64, d_v=256, d_rope=48, k=64, num_slots=128, device=dev)
         assert "d_qk - d_v = 64" in ws_supported(q, kv, 256)
         # fp8_ds_mla rows at d_v 256 put the rope part at byte 264: not 16-byte aligned
@@ -172,6 +172,15 @@ def test_other_widths_and_a_partial_tile():
     q2, kv2, idx2 = _inputs(8, b=2, h=64, d_v=128, d_rope=64, k=100, num_slots=500, device=dev)
     idx2[0, :64] = -1
     _check(q2, kv2, idx2, 128, num_splits=2)
+    # heads not a multiple of 64, padded with masked rows: a TP8 shard's 16 (one program a
+    # request), and 80 (one full and one padded program), both row formats, split and not
+    for h in (16, 80):
+        q3, kv3, idx3 = _inputs(9 + h, b=3, h=h, d_v=512, d_rope=64, k=300, num_slots=1000,
+                                device=dev)
+        for kv_dtype in ("bf16", "fp8_ds_mla"):
+            cache = make_kv_cache(kv3, kv_dtype, d_nope=512)
+            for splits in (1, 3):
+                _check(q3, cache, idx3, 512, kv_dtype, num_splits=splits)
     # an empty top-k: zeros and +inf without a launch
     out, lse, _ = sparse_mla_decode_with_info(q, kv, idx[:, :0], 0.1, 256, kernel="ws")
     assert torch.all(out == 0) and torch.all(lse == math.inf)
@@ -180,9 +189,12 @@ def test_other_widths_and_a_partial_tile():
 def test_attention_switch_names_the_limit():
     """``attention_kernel=triton_ws`` is checked when a backend resolves it, before any
     timing: off Hopper it is a BackendInvalid naming why."""
-    from backends.attention import ATTENTION_KERNELS, resolve_attention
+    from backends.attention import ATTENTION_KERNELS, heads_computed, resolve_attention
     from backends.base import BackendInvalid
     assert "triton_ws" in ATTENTION_KERNELS
+    # the FLOP accounting counts the padded heads a 64-head program computes
+    assert [heads_computed("triton_ws", h) for h in (16, 64, 80, 128)] == [64, 64, 128, 128]
+    assert heads_computed("triton", 16) == 16
     kv = torch.zeros(64, 576, dtype=torch.bfloat16)
     if not _hopper():
         with pytest.raises(BackendInvalid, match="attention_kernel='triton_ws' needs"):
@@ -194,5 +206,6 @@ def test_attention_switch_names_the_limit():
         out, _ = fn(q, kvr, idx, 0.05, 512)
         ref, _ = sparse_mla_decode_ref(q, kvr, idx, 0.05, 512)
         assert ((out.float() - ref).norm() / ref.norm()).item() <= REL_TOL
-        with pytest.raises(BackendInvalid, match="multiple of 64"):
-            resolve_attention("triton_ws", torch.device("cuda"), 16, 576, 512, kv.cuda())
+        resolve_attention("triton_ws", torch.device("cuda"), 16, 576, 512, kv.cuda())
+        with pytest.raises(BackendInvalid, match="d_v a power of two"):
+            resolve_attention("triton_ws", torch.device("cuda"), 128, 576, 448, kv.cuda())

@@ -789,7 +789,7 @@ def sparse_mla_decode_with_info(
             not on a GPU).
         kernel: ``"triton"`` (this module's kernel) or ``"ws"``: the warp-specialised Gluon
             kernel (:mod:`backends.kernels.sparse_mla_decode_ws`; Hopper, both row formats,
-            heads a multiple of 64, ``d_qk - d_v = 64``: ``ws_supported``), which takes
+            heads padded to 64-head programs, ``d_qk - d_v = 64``: ``ws_supported``), which takes
             ``num_stages`` (default 2) and ``num_splits`` only: the other launch options must
             keep their defaults.
 

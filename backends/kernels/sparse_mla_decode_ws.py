@@ -3,8 +3,9 @@ consumer warpgroups multiply.
 
 Same contract as :func:`backends.kernels.sparse_mla_decode.sparse_mla_decode` (its module doc
 has the semantics) for the shapes FlashMLA's Hopper decode serves: ``d_qk = d_v + 64`` with
-``d_v`` a power of two (DeepSeek-V3.2: 512 + 64), query heads in blocks of 64, bf16 or
-fp8_ds_mla KV rows (16-byte aligned). Only on a CUDA device of compute capability 9.x (wgmma,
+``d_v`` a power of two (DeepSeek-V3.2: 512 + 64), any number of query heads (a program serves
+64: fewer, as in a TP8 shard's 16, are padded with masked rows, as FlashMLA's Hopper kernels pad
+them), bf16 or fp8_ds_mla KV rows (16-byte aligned). Only on a CUDA device of compute capability 9.x (wgmma,
 mbarriers, setmaxnreg); :func:`ws_supported` names what it cannot serve.
 
 Why a second kernel: the Triton kernel's compiled loop (sm_90a) issues the gather of tile
@@ -61,6 +62,11 @@ _PRODUCER_WARPS = 4
 #: cp.async addresses, for both formats)
 _ROWS = {"bf16": 16, "fp8_ds_mla": 16}
 _PRODUCER_REGS = {"bf16": 48, "fp8_ds_mla": 48}
+#: per KV format: the producer takes each tile's slot ids from shared memory, copied with the
+#: previous tile (True), or loads them after the stage is free (False). Measured on the H200
+#: (BENCHMARKS 6p, B128 H128 top_k 2048): bf16 rows 207.8 -> 199.7 us, fp8_ds_mla rows
+#: 248.3 -> 252.3 us, hence only for bf16 rows
+_IDS_AHEAD = {"bf16": True, "fp8_ds_mla": False}
 #: fp8_ds_mla rows: rows the consumers dequantize at a time (registers: 2 x 16 bytes a thread)
 _DEQ_ROWS = 16
 #: registers per thread of the whole program: 12 warps x 32 x 168 <= 64 K; the consumers get
@@ -99,6 +105,19 @@ def _copy_ids(dst, idx_row, t, lim, BLOCK_N: gl.constexpr, layout: gl.constexpr)
 
 
 @gluon.jit
+def _tile_ids(cur, idx_row, on, lim, start: gl.constexpr, ROWS: gl.constexpr,
+              IDS_AHEAD: gl.constexpr, layout: gl.constexpr):
+    """Slot ids (int32 ``[ROWS]`` in ``layout``, -1 at ``lim`` or beyond) of top-k positions
+    ``on``: elements ``[start, start + ROWS)`` of the tile's ids in shared memory ``cur``
+    (``IDS_AHEAD``), or loaded from ``idx_row``."""
+    if IDS_AHEAD:
+        ids = gl.where(on < lim, cur.slice(start, ROWS).load(layout), -1)
+    else:
+        ids = gl.load(idx_row + on, mask=on < lim, other=-1)
+    return ids
+
+
+@gluon.jit
 def _copy_fp8_nope(dst, kv_ptr, stride_kv, idx, D_V: gl.constexpr, raw_l: gl.constexpr):
     """Issues ``cp.async`` copies of the NoPE bytes of fp8_ds_mla rows ``idx [R]`` (int32 in
     the row slice of ``raw_l``; < 0: zeros) into ``dst [R, D_V / 128, 128]`` uint8, as stored."""
@@ -124,85 +143,16 @@ def _copy_fp8_scales(dst, scale_ptr, stride_scale, scale_off, idx, D_V: gl.const
     _cp_async(dst, scale_ptr + start[:, None] + g[None, :], mask=ok[:, None])
 
 
-#: fp8 e4m3 -> bf16 dequantization of 4 bytes (``$2``) times a float32 scale (``$3``, its
-#: bits; ``$4``-``$6`` the same scale, unused) into two bf16x2 (``$0`` elements 0-1, ``$1``
-#: elements 2-3), rounded once from the exact float32 product as the reference rounds it.
-#: "cvt": the hardware conversion e4m3x2 -> f16x2; "alu": the bytes placed into float16 bit
-#: fields by integer operations (value x 2^-8, exact, subnormals included; the scale comes in
-#: times 2^8); "mixed": bytes 0-1 the first way, 2-3 the second
-_F16_PAIR_ALU = """
-and.b32 u, $2, 0x7F7F7F7F;
-prmt.b32 ta, u, 0, SEL;
-prmt.b32 tb, $2, 0, SEL;
-shr.b32 ta, ta, 1;
-lop3.b32 DST, ta, tb, 0x80008000, 0xF8;"""
-_F32_TAIL = """
-mov.b32 {h0, h1}, p0;
-mov.b32 {h2, h3}, p1;
-cvt.f32.f16 f0, h0;
-cvt.f32.f16 f1, h1;
-cvt.f32.f16 f2, h2;
-cvt.f32.f16 f3, h3;
-mul.rn.f32 f0, f0, s;
-mul.rn.f32 f1, f1, s;
-mul.rn.f32 f2, f2, s2;
-mul.rn.f32 f3, f3, s2;
-cvt.rn.bf16x2.f32 $0, f1, f0;
-cvt.rn.bf16x2.f32 $1, f3, f2;
-}"""
-_DECLS = """{
-.reg .b32 u, ta, tb, p0, p1;
-.reg .b16 q0, q1, h0, h1, h2, h3;
-.reg .f32 f0, f1, f2, f3, s, s2;
-mov.b32 s, $3;
-"""
-_DEQ_ASM = {
-    "cvt": _DECLS + """mov.b32 s2, $3;
-mov.b32 {q0, q1}, $2;
-cvt.rn.f16x2.e4m3x2 p0, q0;
-cvt.rn.f16x2.e4m3x2 p1, q1;""" + _F32_TAIL,
-    "alu": _DECLS + "mov.b32 s2, $3;" + _F16_PAIR_ALU.replace("SEL", "0x1404").replace("DST", "p0")
-    + _F16_PAIR_ALU.replace("SEL", "0x3424").replace("DST", "p1") + _F32_TAIL,
-    "mixed": _DECLS + """mul.rn.f32 s2, s, 0f43800000;
-mov.b32 {q0, q1}, $2;
-cvt.rn.f16x2.e4m3x2 p0, q0;""" + _F16_PAIR_ALU.replace("SEL", "0x3424").replace("DST", "p1")
-    + _F32_TAIL,
-    "bf16mul": """{
-.reg .b32 u, ta, tb, p0, p1, sb;
-.reg .f32 s;
-mov.b32 s, $3;
-cvt.rn.bf16x2.f32 sb, s, s;
-and.b32 u, $2, 0x7F7F7F7F;
-prmt.b32 ta, u, 0, 0x1404;
-prmt.b32 tb, $2, 0, 0x1404;
-shr.b32 ta, ta, 4;
-lop3.b32 p0, ta, tb, 0x80008000, 0xF8;
-prmt.b32 ta, u, 0, 0x3424;
-prmt.b32 tb, $2, 0, 0x3424;
-shr.b32 ta, ta, 4;
-lop3.b32 p1, ta, tb, 0x80008000, 0xF8;
-mul.rn.bf16x2 $0, p0, sb;
-mul.rn.bf16x2 $1, p1, sb;
-}""",
-}
-#: scale factor each variant expects (the integer-built float16 carries value x 2^-8)
-_DEQ_SCALE = {"cvt": 1.0, "alu": 256.0, "mixed": 1.0, "bf16mul": 2.0 ** 120}
-_DEQUANT = "cvt"
-
-
 @gluon.jit
 def _dequant_tile(dst, raw, scales, BLOCK_N: gl.constexpr, D_V: gl.constexpr,
-                  ROWS: gl.constexpr, deq_l: gl.constexpr, DEQ_ASM: gl.constexpr,
-                  DEQ_SCALE: gl.constexpr):
+                  ROWS: gl.constexpr, deq_l: gl.constexpr):
     """``dst [BLOCK_N, D_V]`` bf16 = fp8 e4m3 ``raw [BLOCK_N, D_V / 128, 128]`` x the per-128
     ``scales [BLOCK_N, D_V / 128]`` float32, all in shared memory, ``ROWS`` rows at a time."""
     for c in gl.static_range(BLOCK_N // ROWS):
         r = raw.slice(c * ROWS, ROWS).load(deq_l)
         sc = scales.slice(c * ROWS, ROWS).load(gl.SliceLayout(2, deq_l))
-        bits = gl.broadcast(r, (sc * DEQ_SCALE)[:, :, None].to(gl.int32, bitcast=True))[1]
-        vals = gl.inline_asm_elementwise(DEQ_ASM, "=r,=r,r,r,r,r,r", [r, bits],
-                                         dtype=gl.bfloat16, is_pure=True, pack=4)
-        dst.slice(c * ROWS, ROWS).store(gl.reshape(vals, [ROWS, D_V]))
+        vals = r.to(gl.float8e4nv, bitcast=True).to(gl.float32) * sc[:, :, None]
+        dst.slice(c * ROWS, ROWS).store(gl.reshape(vals.to(gl.bfloat16), [ROWS, D_V]))
 
 
 @gluon.jit
@@ -214,13 +164,14 @@ def _producer(q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
               D_V: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
               BLOCK_N: gl.constexpr, ROWS: gl.constexpr, STAGES: gl.constexpr,
               WARPS: gl.constexpr, IS_FP8: gl.constexpr, raw_l: gl.constexpr,
-              scale_l: gl.constexpr):
+              scale_l: gl.constexpr, IDS_AHEAD: gl.constexpr):
     nope_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])
     rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
     ids_l: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
     idx_row = idx_ptr + b.to(gl.int64) * stride_ib
-    # ---- the query block and the first tile's slot ids, once ----
-    _copy_ids(ids.index(0), idx_row, t_begin, lim, BLOCK_N, ids_l)
+    # ---- the query block (and the first tile's slot ids), once ----
+    if IDS_AHEAD:
+        _copy_ids(ids.index(0), idx_row, t_begin, lim, BLOCK_N, ids_l)
     for c in gl.static_range(BLOCK_H // ROWS):
         hn = h0 + c * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, nope_l))
         _copy_rows(q_nope.slice(c * ROWS, ROWS), q_ptr + b.to(gl.int64) * stride_qb,
@@ -233,23 +184,25 @@ def _producer(q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
     fence_async_shared()
     _partition_barrier()
     mbarrier.arrive(q_bar, count=1)
-    # ---- the KV tiles of this split; each tile's slot ids come from shared memory, copied
-    # with the previous tile's rows (their load latency off the gather's path) ----
+    # ---- the KV tiles of this split (IDS_AHEAD: each tile's slot ids from shared memory,
+    # copied with the previous tile's rows, their load latency off the gather's path) ----
     for t in range(t_begin, t_end):
         i = t - t_begin
         s = i % STAGES
         cur = ids.index(i % 2)
-        _copy_ids(ids.index((i + 1) % 2), idx_row, t + 1, lim, BLOCK_N, ids_l)
+        if IDS_AHEAD:
+            _copy_ids(ids.index((i + 1) % 2), idx_row, t + 1, lim, BLOCK_N, ids_l)
         mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
         if IS_FP8:
             on = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, scale_l))
-            idx = gl.where(on < lim, cur.load(gl.SliceLayout(1, scale_l)), -1)
+            idx = _tile_ids(cur, idx_row, on, lim, 0, BLOCK_N, IDS_AHEAD,
+                            gl.SliceLayout(1, scale_l))
             _copy_fp8_scales(kv_scale.index(s), scale_ptr, stride_scale, scale_off,
                              gl.where((idx >= 0) & (idx < num_slots), idx, -1), D_V, scale_l)
         for c in gl.static_range(BLOCK_N // ROWS):
             on = t * BLOCK_N + c * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, rope_l))
-            idx = gl.where(on < lim, cur.slice(c * ROWS, ROWS).load(gl.SliceLayout(1, rope_l)),
-                           -1)
+            idx = _tile_ids(cur, idx_row, on, lim, c * ROWS, ROWS, IDS_AHEAD,
+                            gl.SliceLayout(1, rope_l))
             ok = (idx >= 0) & (idx < num_slots)
             idx = gl.where(ok, idx, -1)
             _copy_rows(kv_rope.index(s).slice(c * ROWS, ROWS), rope_ptr,
@@ -279,8 +232,7 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
               q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, q_bar, ready, empty,
               D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, SPLIT: gl.constexpr, IS_FP8: gl.constexpr,
-              DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr, DEQ_ASM: gl.constexpr,
-              DEQ_SCALE: gl.constexpr):
+              DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr):
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                   instr_shape=[16, BLOCK_N // 2, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
@@ -312,8 +264,7 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
             # fp8 rows: both warpgroups dequantize the stage's bytes into the one bf16 tile
             # (free: the previous tile's MMAs are done) and fence it for the MMAs
             kn = kv_nope.index(0)
-            _dequant_tile(kn, kv_raw.index(s), kv_scale.index(s), BLOCK_N, D_V, DEQ_ROWS, deq_l,
-                          DEQ_ASM, DEQ_SCALE)
+            _dequant_tile(kn, kv_raw.index(s), kv_scale.index(s), BLOCK_N, D_V, DEQ_ROWS, deq_l)
             fence_async_shared()
             _partition_barrier()
         else:
@@ -384,7 +335,7 @@ def _sparse_mla_decode_ws_fwd(
         PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
         IS_FP8: gl.constexpr, RAW_LAYOUT: gl.constexpr, SCALE_LAYOUT: gl.constexpr,
         DEQ_ROWS: gl.constexpr, DEQ_LAYOUT: gl.constexpr, RAW_SMEM: gl.constexpr,
-        SCALE_SMEM: gl.constexpr, DEQ_ASM: gl.constexpr, DEQ_SCALE: gl.constexpr):
+        SCALE_SMEM: gl.constexpr, IDS_AHEAD: gl.constexpr):
     pid = gl.program_id(0)
     hb = pid % num_head_blocks
     rest = pid // num_head_blocks
@@ -425,23 +376,22 @@ def _sparse_mla_decode_ws_fwd(
                      part_o_ptr, part_lse_ptr,
                      b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
                      q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, q_bar, ready, empty,
-                     D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, IS_FP8, DEQ_ROWS, DEQ_LAYOUT,
-                     DEQ_ASM, DEQ_SCALE)),
+                     D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, IS_FP8, DEQ_ROWS, DEQ_LAYOUT)),
         (_producer, (q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
                      scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
                      idx_ptr, stride_ib,
                      b, h0, H, t_begin, t_end, lim, num_slots,
                      q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, ids, q_bar, ready,
                      empty, D_V, D_ROPE, BLOCK_H, BLOCK_N, ROWS, STAGES, PRODUCER_WARPS,
-                     IS_FP8, RAW_LAYOUT, SCALE_LAYOUT)),
+                     IS_FP8, RAW_LAYOUT, SCALE_LAYOUT, IDS_AHEAD)),
     ], [PRODUCER_WARPS], [PRODUCER_REGS])
 
 
 def ws_supported(q: torch.Tensor, kv_cache: torch.Tensor, d_v: int) -> Optional[str]:
     """Why the warp-specialised kernel cannot serve these inputs (one line), or None when it
     can: a CUDA device of compute capability 9.x, ``d_v`` a power of two in [128, 512] and
-    ``d_qk - d_v`` = 64 (DeepSeek-V3.2's rope part), and the heads a multiple of 64 (the
-    KV row format itself is checked by ``check_decode_inputs``), and 16-byte aligned rows, rope
+    ``d_qk - d_v`` = 64 (DeepSeek-V3.2's rope part) (the KV row format itself is checked by
+    ``check_decode_inputs``), and 16-byte aligned rows, rope
     part and query rows (cp.async; fp8_ds_mla rows at d_v 512 have their rope part at byte 528,
     at d_v 256 at byte 264: not served)."""
     if q.device.type != "cuda":
@@ -453,8 +403,6 @@ def ws_supported(q: torch.Tensor, kv_cache: torch.Tensor, d_v: int) -> Optional[
     if not (128 <= d_v <= 512 and d_v & (d_v - 1) == 0 and d_rope == WS_BLOCK_N):
         return (f"needs d_v a power of two in [128, 512] and d_qk - d_v = {WS_BLOCK_N} (a "
                 f"stage's rope tile doubles as P's buffer), got d_v={d_v}, d_rope={d_rope}")
-    if q.shape[1] % WS_BLOCK_H != 0:
-        return f"needs the query heads a multiple of {WS_BLOCK_H}, got {q.shape[1]}"
     # cp.async moves 16-byte vectors: rows, the query and the rope part 16-byte aligned
     row_bytes_ = kv_cache.stride(0) * kv_cache.element_size()
     rope_byte = d_v * 2 if kv_cache.dtype == torch.bfloat16 else fp8_ds_mla_offsets(d_v, d_rope)[1]
@@ -468,10 +416,11 @@ def ws_supported(q: torch.Tensor, kv_cache: torch.Tensor, d_v: int) -> Optional[
 
 def shared_memory_bytes(kind: str, d_v: int, stages: int) -> int:
     """Shared memory the kernel allocates, in bytes, besides the compiler's scratch (a few
-    hundred bytes) and its mbarriers: the query block ``[64, d_v + 64]`` bf16 and ``stages``
-    stages of 64 tokens (bf16 rows: ``[64, d_v + 64]`` bf16; fp8_ds_mla rows: the NoPE bytes,
-    the float32 scales and the bf16 rope part, plus one bf16 ``[64, d_v]`` tile)."""
-    q_block = WS_BLOCK_H * (d_v + WS_BLOCK_N) * 2
+    hundred bytes) and its mbarriers: the query block ``[64, d_v + 64]`` bf16, two tiles' slot
+    ids (int32) and ``stages`` stages of 64 tokens (bf16 rows: ``[64, d_v + 64]`` bf16;
+    fp8_ds_mla rows: the NoPE bytes, the float32 scales and the bf16 rope part, plus one bf16
+    ``[64, d_v]`` tile)."""
+    q_block = WS_BLOCK_H * (d_v + WS_BLOCK_N) * 2 + 2 * WS_BLOCK_N * 4
     rope = WS_BLOCK_N * WS_BLOCK_N * 2
     if kind == "bf16":
         return q_block + stages * (WS_BLOCK_N * d_v * 2 + rope)
@@ -518,7 +467,7 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
                       kernel="ws")
     if num_splits == 0:
         return out, lse, info
-    num_head_blocks = num_heads // WS_BLOCK_H
+    num_head_blocks = -(-num_heads // WS_BLOCK_H)
     kernel = _sparse_mla_decode_ws_fwd[(bsz * num_splits * num_head_blocks,)](
         *kernel_args(q, kv_cache, kind, indices, sm_scale, d_v, plan, num_head_blocks),
         **_constexprs(kind, d_v, d_qk - d_v, stages, num_splits > 1),
@@ -550,7 +499,7 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool) -> d
                                             [8, 1, 1], [2, 1, 0]),
                 RAW_SMEM=gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]),
                 SCALE_SMEM=gl.SwizzledSharedLayout(1, 1, 1, [1, 0]),
-                DEQ_ASM=_DEQ_ASM[_DEQUANT], DEQ_SCALE=_DEQ_SCALE[_DEQUANT])
+                IDS_AHEAD=_IDS_AHEAD[kind])
 
 
 def compile_for_sm90(kind: str = "bf16", *, d_v: int = 512, d_rope: int = 64, stages: int = 2,
