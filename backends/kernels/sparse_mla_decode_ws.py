@@ -69,6 +69,9 @@ _PRODUCER_REGS = {"bf16": 48, "fp8_ds_mla": 48}
 _IDS_AHEAD = {"bf16": True, "fp8_ds_mla": False}
 #: fp8_ds_mla rows: rows the consumers dequantize at a time (registers: 2 x 16 bytes a thread)
 _DEQ_ROWS = 16
+#: fp8_ds_mla rows: rows of the next tile the consumers dequantize into registers while the
+#: PV MMA runs (a multiple of _DEQ_ROWS; 0: none; needs 2 stages or more)
+_DEQ_AHEAD = 0
 #: registers per thread of the whole program: 12 warps x 32 x 168 <= 64 K; the consumers get
 #: (168 * 12 - 48 * 4) / 8 = 228 rounded down to setmaxnreg's multiple of 8: 224 (the PTX's
 #: setmaxnreg). ptxas 12.8 (Triton 3.6) for sm_90a: no spills for bf16 rows, 20 bytes for
@@ -144,15 +147,15 @@ def _copy_fp8_scales(dst, scale_ptr, stride_scale, scale_off, idx, D_V: gl.const
 
 
 @gluon.jit
-def _dequant_tile(dst, raw, scales, BLOCK_N: gl.constexpr, D_V: gl.constexpr,
-                  ROWS: gl.constexpr, deq_l: gl.constexpr):
-    """``dst [BLOCK_N, D_V]`` bf16 = fp8 e4m3 ``raw [BLOCK_N, D_V / 128, 128]`` x the per-128
-    ``scales [BLOCK_N, D_V / 128]`` float32, all in shared memory, ``ROWS`` rows at a time."""
-    for c in gl.static_range(BLOCK_N // ROWS):
-        r = raw.slice(c * ROWS, ROWS).load(deq_l)
-        sc = scales.slice(c * ROWS, ROWS).load(gl.SliceLayout(2, deq_l))
-        vals = r.to(gl.float8e4nv, bitcast=True).to(gl.float32) * sc[:, :, None]
-        dst.slice(c * ROWS, ROWS).store(gl.reshape(vals.to(gl.bfloat16), [ROWS, D_V]))
+def _dequant_rows(raw, scales, row0: gl.constexpr, ROWS: gl.constexpr, D_V: gl.constexpr,
+                  deq_l: gl.constexpr):
+    """Rows ``[row0, row0 + ROWS)`` of fp8 e4m3 ``raw [BLOCK_N, D_V / 128, 128]`` x the per-128
+    ``scales [BLOCK_N, D_V / 128]`` float32 (both in shared memory) as bf16 ``[ROWS, D_V]`` in
+    registers (the float32 product rounded once, as the reference rounds it)."""
+    r = raw.slice(row0, ROWS).load(deq_l)
+    sc = scales.slice(row0, ROWS).load(gl.SliceLayout(2, deq_l))
+    vals = r.to(gl.float8e4nv, bitcast=True).to(gl.float32) * sc[:, :, None]
+    return gl.reshape(vals.to(gl.bfloat16), [ROWS, D_V])
 
 
 @gluon.jit
@@ -232,7 +235,7 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
               q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, q_bar, ready, empty,
               D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, SPLIT: gl.constexpr, IS_FP8: gl.constexpr,
-              DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr):
+              DEQ_ROWS: gl.constexpr, DEQ_AHEAD: gl.constexpr, deq_l: gl.constexpr):
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                   instr_shape=[16, BLOCK_N // 2, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
@@ -251,6 +254,10 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
     on = t_begin * BLOCK_N + offs_n
     n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
     mbarrier.wait(q_bar, 0)
+    if IS_FP8:
+        if DEQ_AHEAD > 0:           # the first tile's first rows, as the loop expects them
+            mbarrier.wait(ready.index(0), 0)
+            pre = _dequant_rows(kv_raw.index(0), kv_scale.index(0), 0, DEQ_AHEAD, D_V, deq_l)
     for t in range(t_begin, t_end):
         i = t - t_begin
         s = i % STAGES
@@ -262,9 +269,15 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
         if IS_FP8:
             # fp8 rows: both warpgroups dequantize the stage's bytes into the one bf16 tile
-            # (free: the previous tile's MMAs are done) and fence it for the MMAs
+            # (free: the previous tile's MMAs are done; its first DEQ_AHEAD rows converted
+            # during the previous tile's PV MMA) and fence it for the MMAs
             kn = kv_nope.index(0)
-            _dequant_tile(kn, kv_raw.index(s), kv_scale.index(s), BLOCK_N, D_V, DEQ_ROWS, deq_l)
+            if DEQ_AHEAD > 0:
+                kn.slice(0, DEQ_AHEAD).store(pre)
+            for c in gl.static_range(DEQ_AHEAD // DEQ_ROWS, BLOCK_N // DEQ_ROWS):
+                kn.slice(c * DEQ_ROWS, DEQ_ROWS).store(
+                    _dequant_rows(kv_raw.index(s), kv_scale.index(s), c * DEQ_ROWS, DEQ_ROWS,
+                                  D_V, deq_l))
             fence_async_shared()
             _partition_barrier()
         else:
@@ -291,6 +304,13 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
         fence_async_shared()
         _partition_barrier()
         acc = warpgroup_mma(p_smem, kn, acc, is_async=True)
+        if IS_FP8:
+            if DEQ_AHEAD > 0:       # the next tile's first rows into registers meanwhile
+                if t + 1 < t_end:
+                    s1 = (i + 1) % STAGES
+                    mbarrier.wait(ready.index(s1), ((i + 1) // STAGES) & 1)
+                    pre = _dequant_rows(kv_raw.index(s1), kv_scale.index(s1), 0, DEQ_AHEAD,
+                                        D_V, deq_l)
         acc = warpgroup_mma_wait(0, deps=[acc])
         _partition_barrier()
         mbarrier.arrive(empty.index(s), count=1)
@@ -334,7 +354,8 @@ def _sparse_mla_decode_ws_fwd(
         STAGES: gl.constexpr, ROWS: gl.constexpr, SPLIT: gl.constexpr,
         PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
         IS_FP8: gl.constexpr, RAW_LAYOUT: gl.constexpr, SCALE_LAYOUT: gl.constexpr,
-        DEQ_ROWS: gl.constexpr, DEQ_LAYOUT: gl.constexpr, RAW_SMEM: gl.constexpr,
+        DEQ_ROWS: gl.constexpr, DEQ_AHEAD: gl.constexpr, DEQ_LAYOUT: gl.constexpr,
+        RAW_SMEM: gl.constexpr,
         SCALE_SMEM: gl.constexpr, IDS_AHEAD: gl.constexpr):
     pid = gl.program_id(0)
     hb = pid % num_head_blocks
@@ -376,7 +397,8 @@ def _sparse_mla_decode_ws_fwd(
                      part_o_ptr, part_lse_ptr,
                      b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
                      q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, q_bar, ready, empty,
-                     D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, IS_FP8, DEQ_ROWS, DEQ_LAYOUT)),
+                     D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, IS_FP8, DEQ_ROWS, DEQ_AHEAD,
+                     DEQ_LAYOUT)),
         (_producer, (q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
                      scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
                      idx_ptr, stride_ib,
@@ -494,7 +516,7 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool) -> d
                                             [_PRODUCER_WARPS, 1, 1], [2, 1, 0]),
                 SCALE_LAYOUT=gl.BlockedLayout([1, 1], [32 // tpw_g, tpw_g],
                                               [_PRODUCER_WARPS, 1], [1, 0]),
-                DEQ_ROWS=_DEQ_ROWS,
+                DEQ_ROWS=_DEQ_ROWS, DEQ_AHEAD=_DEQ_AHEAD if stages >= 2 else 0,
                 DEQ_LAYOUT=gl.BlockedLayout([1, 1, 16], [32 // (8 * tpw_g), tpw_g, 8],
                                             [8, 1, 1], [2, 1, 0]),
                 RAW_SMEM=gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]),
