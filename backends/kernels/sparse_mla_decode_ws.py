@@ -70,7 +70,7 @@ _IDS_AHEAD = {"bf16": True, "fp8_ds_mla": False}
 #: fp8_ds_mla rows: rows the consumers dequantize at a time (registers: 2 x 16 bytes a thread)
 _DEQ_ROWS = 16
 #: fp8_ds_mla rows: rows of the next tile the consumers dequantize into registers while the
-#: PV MMA runs (a multiple of _DEQ_ROWS; 0: none; needs 2 stages or more)
+#: PV MMA runs (0: none; or a power of two, a multiple of _DEQ_ROWS; needs 2 stages or more)
 _DEQ_AHEAD = 0
 #: registers per thread of the whole program: 12 warps x 32 x 168 <= 64 K; the consumers get
 #: (168 * 12 - 48 * 4) / 8 = 228 rounded down to setmaxnreg's multiple of 8: 224 (the PTX's

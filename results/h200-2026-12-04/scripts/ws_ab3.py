@@ -13,7 +13,7 @@ from harness.bench.attention import SM_SCALE, DecodeProblem, Pool
 from harness.timing import time_fn
 
 VARIANTS = [(16, 0, 48), (32, 0, 48), (64, 0, 48), (16, 16, 48), (16, 32, 48), (32, 32, 48),
-            (16, 16, 40), (16, 32, 40), (32, 32, 40), (32, 0, 40), (16, 48, 40)]
+            (16, 16, 40), (16, 32, 40), (32, 32, 40), (32, 0, 40)]
 dev = torch.device("cuda")
 fmla = flashmla_attention(dev)
 rows = []
