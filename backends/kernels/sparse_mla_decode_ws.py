@@ -67,11 +67,11 @@ _PRODUCER_REGS = {"bf16": 48, "fp8_ds_mla": 48}
 #: (BENCHMARKS 6p, B128 H128 top_k 2048): bf16 rows 207.8 -> 199.7 us, fp8_ds_mla rows
 #: 248.3 -> 252.3 us, hence only for bf16 rows
 _IDS_AHEAD = {"bf16": True, "fp8_ds_mla": False}
-#: fp8_ds_mla rows: rows the consumers dequantize at a time (registers: 2 x 16 bytes a thread)
-_DEQ_ROWS = 16
-#: fp8_ds_mla rows: rows of the next tile the consumers dequantize into registers while the
-#: PV MMA runs (0: none; or a power of two, a multiple of _DEQ_ROWS; needs 2 stages or more)
-_DEQ_AHEAD = 0
+#: fp8_ds_mla rows: rows the consumers dequantize at a time (registers: 4 x 16 bytes a thread).
+#: Measured on the H200 (BENCHMARKS 6p, B128 H128 top_k 2048): 8 rows 269.1 us, 16 247.9, 32
+#: 242.7, 64 285.7 (spills); the next tile's first 16 or 32 rows dequantized into registers
+#: while the PV MMA runs: 259.6-307.9 (spills at 224 or 232 registers)
+_DEQ_ROWS = 32
 #: registers per thread of the whole program: 12 warps x 32 x 168 <= 64 K; the consumers get
 #: (168 * 12 - 48 * 4) / 8 = 228 rounded down to setmaxnreg's multiple of 8: 224 (the PTX's
 #: setmaxnreg). ptxas 12.8 (Triton 3.6) for sm_90a: no spills for bf16 rows, 20 bytes for
@@ -235,7 +235,7 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
               q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, q_bar, ready, empty,
               D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, SPLIT: gl.constexpr, IS_FP8: gl.constexpr,
-              DEQ_ROWS: gl.constexpr, DEQ_AHEAD: gl.constexpr, deq_l: gl.constexpr):
+              DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr):
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                   instr_shape=[16, BLOCK_N // 2, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
@@ -254,10 +254,6 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
     on = t_begin * BLOCK_N + offs_n
     n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
     mbarrier.wait(q_bar, 0)
-    if IS_FP8:
-        if DEQ_AHEAD > 0:           # the first tile's first rows, as the loop expects them
-            mbarrier.wait(ready.index(0), 0)
-            pre = _dequant_rows(kv_raw.index(0), kv_scale.index(0), 0, DEQ_AHEAD, D_V, deq_l)
     for t in range(t_begin, t_end):
         i = t - t_begin
         s = i % STAGES
@@ -269,12 +265,9 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
         if IS_FP8:
             # fp8 rows: both warpgroups dequantize the stage's bytes into the one bf16 tile
-            # (free: the previous tile's MMAs are done; its first DEQ_AHEAD rows converted
-            # during the previous tile's PV MMA) and fence it for the MMAs
+            # (free: the previous tile's MMAs are done) and fence it for the MMAs
             kn = kv_nope.index(0)
-            if DEQ_AHEAD > 0:
-                kn.slice(0, DEQ_AHEAD).store(pre)
-            for c in gl.static_range(DEQ_AHEAD // DEQ_ROWS, BLOCK_N // DEQ_ROWS):
+            for c in gl.static_range(BLOCK_N // DEQ_ROWS):
                 kn.slice(c * DEQ_ROWS, DEQ_ROWS).store(
                     _dequant_rows(kv_raw.index(s), kv_scale.index(s), c * DEQ_ROWS, DEQ_ROWS,
                                   D_V, deq_l))
@@ -304,13 +297,6 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
         fence_async_shared()
         _partition_barrier()
         acc = warpgroup_mma(p_smem, kn, acc, is_async=True)
-        if IS_FP8:
-            if DEQ_AHEAD > 0:       # the next tile's first rows into registers meanwhile
-                if t + 1 < t_end:
-                    s1 = (i + 1) % STAGES
-                    mbarrier.wait(ready.index(s1), ((i + 1) // STAGES) & 1)
-                    pre = _dequant_rows(kv_raw.index(s1), kv_scale.index(s1), 0, DEQ_AHEAD,
-                                        D_V, deq_l)
         acc = warpgroup_mma_wait(0, deps=[acc])
         _partition_barrier()
         mbarrier.arrive(empty.index(s), count=1)
@@ -354,8 +340,7 @@ def _sparse_mla_decode_ws_fwd(
         STAGES: gl.constexpr, ROWS: gl.constexpr, SPLIT: gl.constexpr,
         PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
         IS_FP8: gl.constexpr, RAW_LAYOUT: gl.constexpr, SCALE_LAYOUT: gl.constexpr,
-        DEQ_ROWS: gl.constexpr, DEQ_AHEAD: gl.constexpr, DEQ_LAYOUT: gl.constexpr,
-        RAW_SMEM: gl.constexpr,
+        DEQ_ROWS: gl.constexpr, DEQ_LAYOUT: gl.constexpr, RAW_SMEM: gl.constexpr,
         SCALE_SMEM: gl.constexpr, IDS_AHEAD: gl.constexpr):
     pid = gl.program_id(0)
     hb = pid % num_head_blocks
@@ -397,8 +382,7 @@ def _sparse_mla_decode_ws_fwd(
                      part_o_ptr, part_lse_ptr,
                      b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
                      q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, q_bar, ready, empty,
-                     D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, IS_FP8, DEQ_ROWS, DEQ_AHEAD,
-                     DEQ_LAYOUT)),
+                     D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, IS_FP8, DEQ_ROWS, DEQ_LAYOUT)),
         (_producer, (q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
                      scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
                      idx_ptr, stride_ib,
@@ -516,7 +500,7 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool) -> d
                                             [_PRODUCER_WARPS, 1, 1], [2, 1, 0]),
                 SCALE_LAYOUT=gl.BlockedLayout([1, 1], [32 // tpw_g, tpw_g],
                                               [_PRODUCER_WARPS, 1], [1, 0]),
-                DEQ_ROWS=_DEQ_ROWS, DEQ_AHEAD=_DEQ_AHEAD if stages >= 2 else 0,
+                DEQ_ROWS=_DEQ_ROWS,
                 DEQ_LAYOUT=gl.BlockedLayout([1, 1, 16], [32 // (8 * tpw_g), tpw_g, 8],
                                             [8, 1, 1], [2, 1, 0]),
                 RAW_SMEM=gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]),
