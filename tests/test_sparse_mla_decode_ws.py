@@ -78,7 +78,7 @@ def test_limits_are_named_before_any_launch():
             sparse_mla_decode(q.to(dev), kv.to(dev), idx.long().to(dev), 0.1, 256, kernel="ws")
         # a third 64-token bf16 stage does not fit beside the query block: named, not launched
         q5, kv5, idx5 = _inputs(4, b=1, h=64, d_v=512, d_rope=64, k=64, num_slots=128, device=dev)
-        with pytest.raises(ValueError, match="stages=3 needs 294912 bytes.*at most 2 stages"):
+        with pytest.raises(ValueError, match="stages=3 needs 295424 bytes.*at most 2 stages"):
             sparse_mla_decode(q5, kv5, idx5, 0.1, 512, kernel="ws", num_stages=3)
         q, kv, idx = _inputs(3, b=1, h=48, d_v=256, d_rope=64, k=64, num_slots=128, device=dev)
         assert ws_supported(q, kv, 256) is None          # heads padded to a 64-head program
@@ -172,15 +172,17 @@ def test_other_widths_and_a_partial_tile():
     q2, kv2, idx2 = _inputs(8, b=2, h=64, d_v=128, d_rope=64, k=100, num_slots=500, device=dev)
     idx2[0, :64] = -1
     _check(q2, kv2, idx2, 128, num_splits=2)
-    # heads not a multiple of 64, padded with masked rows: a TP8 shard's 16 (one program a
-    # request), and 80 (one full and one padded program), both row formats, split and not
-    for h in (16, 80):
+    # few heads: a TP8 shard's 16 and a TP4 shard's 32 (one transposed program a request);
+    # 80 heads: one 64-head program and one padded with masked rows; both row formats, split
+    # and not; the program's head count in the launch info
+    for h in (16, 32, 80):
         q3, kv3, idx3 = _inputs(9 + h, b=3, h=h, d_v=512, d_rope=64, k=300, num_slots=1000,
                                 device=dev)
         for kv_dtype in ("bf16", "fp8_ds_mla"):
             cache = make_kv_cache(kv3, kv_dtype, d_nope=512)
             for splits in (1, 3):
-                _check(q3, cache, idx3, 512, kv_dtype, num_splits=splits)
+                info = _check(q3, cache, idx3, 512, kv_dtype, num_splits=splits)[2]
+                assert info.block_h == {16: 16, 32: 32, 80: 64}[h]
     # an empty top-k: zeros and +inf without a launch
     out, lse, _ = sparse_mla_decode_with_info(q, kv, idx[:, :0], 0.1, 256, kernel="ws")
     assert torch.all(out == 0) and torch.all(lse == math.inf)

@@ -67,6 +67,8 @@ _PRODUCER_REGS = {"bf16": 48, "fp8_ds_mla": 48}
 #: (BENCHMARKS 6p, B128 H128 top_k 2048): bf16 rows 207.8 -> 199.7 us, fp8_ds_mla rows
 #: 248.3 -> 252.3 us, hence only for bf16 rows
 _IDS_AHEAD = {"bf16": True, "fp8_ds_mla": False}
+#: at most this many query heads: 16- or 32-head programs with the transposed consumers
+_T_MAX_HEADS = 32
 #: fp8_ds_mla rows: rows the consumers dequantize at a time (registers: 4 x 16 bytes a thread).
 #: Measured on the H200 (BENCHMARKS 6p, B128 H128 top_k 2048): 8 rows 269.1 us, 16 247.9, 32
 #: 242.7, 64 285.7 (spills); the next tile's first 16 or 32 rows dequantized into registers
@@ -229,13 +231,13 @@ def _producer(q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
 
 
 @gluon.jit
-def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
-              part_o_ptr, part_lse_ptr,
-              b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
-              q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, q_bar, ready, empty,
-              D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, SPLIT: gl.constexpr, IS_FP8: gl.constexpr,
-              DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr):
+def _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
+                 part_o_ptr, part_lse_ptr,
+                 b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
+                 q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, q_bar, ready, empty,
+                 D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+                 STAGES: gl.constexpr, SPLIT: gl.constexpr, IS_FP8: gl.constexpr,
+                 DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr):
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                   instr_shape=[16, BLOCK_N // 2, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
@@ -325,6 +327,120 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
 
 
 @gluon.jit
+def _consumer_t(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
+                part_o_ptr, part_lse_ptr,
+                b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
+                q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, p_t, q_bar, ready, empty,
+                D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+                STAGES: gl.constexpr, SPLIT: gl.constexpr, IS_FP8: gl.constexpr,
+                DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr):
+    """The consumers for few heads (``BLOCK_H`` 16 or 32: a TP8 or TP4 shard of
+    DeepSeek-V3.2's 128), everything transposed so that the tile's 64 tokens are the wgmma M:
+    ``S^T = k q^T`` ``[BLOCK_N, BLOCK_H]`` and ``O^T += V^T P^T`` ``[D_V, BLOCK_H]``, warps laid
+    out ``[4, 2]`` (each warpgroup owns half of the heads, so the softmax over the tokens stays
+    inside a warpgroup, and both read the whole tile). No head padding: the MMAs do the work of
+    ``BLOCK_H`` heads, not 64."""
+    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                  instr_shape=[16, BLOCK_H // 2, 16])
+    tok_s: gl.constexpr = gl.SliceLayout(1, s_l)
+    head_s: gl.constexpr = gl.SliceLayout(0, s_l)
+
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=head_s)
+    l_el = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_l)   # column sums, per element
+    acc = gl.zeros([D_V, BLOCK_H], gl.float32, layout=s_l)
+    s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_l)
+
+    idx_row = idx_ptr + b.to(gl.int64) * stride_ib
+    offs_n = gl.arange(0, BLOCK_N, layout=tok_s)
+    on = t_begin * BLOCK_N + offs_n
+    n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
+    mbarrier.wait(q_bar, 0)
+    for t in range(t_begin, t_end):
+        i = t - t_begin
+        s = i % STAGES
+        idx = n_idx
+        on = (t + 1) * BLOCK_N + offs_n                 # the next tile's ids, early
+        n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
+        valid = (idx >= 0) & (idx < num_slots)
+
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        if IS_FP8:
+            kn = kv_nope.index(0)
+            for c in gl.static_range(BLOCK_N // DEQ_ROWS):
+                kn.slice(c * DEQ_ROWS, DEQ_ROWS).store(
+                    _dequant_rows(kv_raw.index(s), kv_scale.index(s), c * DEQ_ROWS, DEQ_ROWS,
+                                  D_V, deq_l))
+            fence_async_shared()
+            _partition_barrier()
+        else:
+            kn = kv_nope.index(s)
+        sc = warpgroup_mma(kn, q_nope.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        sc = warpgroup_mma(kv_rope.index(s), q_rope.permute((1, 0)), sc, is_async=True)
+        sc = warpgroup_mma_wait(0, deps=[sc])
+
+        sc = gl.where(valid[:, None], sc * qk_scale_log2, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(sc, axis=0))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(sc - m_use[None, :])
+        l_el = l_el * alpha[None, :] + p
+        acc = acc * alpha[None, :]
+        # P^T to its own buffer (each warpgroup writes and reads its own heads' columns)
+        p_t.store(p.to(gl.bfloat16))
+        fence_async_shared()
+        _partition_barrier()
+        acc = warpgroup_mma(kn.permute((1, 0)), p_t, acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        _partition_barrier()
+        mbarrier.arrive(empty.index(s), count=1)
+        m_i = m_new
+
+    l_i = gl.sum(l_el, axis=0)
+    has = l_i > 0.0
+    l_safe = gl.where(has, l_i, 1.0)
+    lse2 = m_i + gl.log2(l_safe)
+    o = acc / l_safe[None, :]
+    offs_h = h0 + gl.arange(0, BLOCK_H, layout=head_s)
+    offs_v = gl.arange(0, D_V, layout=tok_s)
+    h_ok = offs_h < H
+    if SPLIT:
+        part_o = (((b * H + offs_h).to(gl.int64) * num_splits + split) * D_V)
+        gl.store(part_o_ptr + part_o[None, :] + offs_v[:, None], o, mask=h_ok[None, :])
+        part_l = (b * H + offs_h).to(gl.int64) * num_splits + split
+        gl.store(part_lse_ptr + part_l, gl.where(has, lse2 * 0.6931471805599453, float("-inf")),
+                 mask=h_ok)
+    else:
+        o_col = out_ptr + b.to(gl.int64) * stride_ob + offs_h.to(gl.int64) * stride_oh
+        gl.store(o_col[None, :] + offs_v[:, None], o.to(gl.bfloat16), mask=h_ok[None, :])
+        gl.store(lse_ptr + b.to(gl.int64) * stride_lb + offs_h,
+                 gl.where(has, lse2 * 0.6931471805599453, float("inf")), mask=h_ok)
+
+
+@gluon.jit
+def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
+              part_o_ptr, part_lse_ptr,
+              b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
+              q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, p_t, q_bar, ready, empty,
+              D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, SPLIT: gl.constexpr, IS_FP8: gl.constexpr,
+              DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr, TRANSPOSED: gl.constexpr):
+    """The consumer partition: 64-head programs (:func:`_consumer_64`) or, for fewer heads,
+    the transposed ones (:func:`_consumer_t`)."""
+    if TRANSPOSED:
+        _consumer_t(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
+                    part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
+                    num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
+                    kv_scale, p_t, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT,
+                    IS_FP8, DEQ_ROWS, deq_l)
+    else:
+        _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
+                     part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
+                     num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
+                     kv_scale, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT,
+                     IS_FP8, DEQ_ROWS, deq_l)
+
+
+@gluon.jit
 def _sparse_mla_decode_ws_fwd(
         q_ptr, stride_qb, stride_qh,          # q [B, H, D_V + D_ROPE] bf16
         kv_ptr, stride_kv,                    # bf16 rows [N, D_V + D_ROPE], or fp8_ds_mla bytes
@@ -341,7 +457,8 @@ def _sparse_mla_decode_ws_fwd(
         PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
         IS_FP8: gl.constexpr, RAW_LAYOUT: gl.constexpr, SCALE_LAYOUT: gl.constexpr,
         DEQ_ROWS: gl.constexpr, DEQ_LAYOUT: gl.constexpr, RAW_SMEM: gl.constexpr,
-        SCALE_SMEM: gl.constexpr, IDS_AHEAD: gl.constexpr):
+        SCALE_SMEM: gl.constexpr, IDS_AHEAD: gl.constexpr, TRANSPOSED: gl.constexpr,
+        P_COLS: gl.constexpr):
     pid = gl.program_id(0)
     hb = pid % num_head_blocks
     rest = pid // num_head_blocks
@@ -377,12 +494,16 @@ def _sparse_mla_decode_ws_fwd(
         mbarrier.init(ready.index(j), count=1)
         mbarrier.init(empty.index(j), count=1)
 
+    # P^T of the transposed consumers (a minimal unused buffer for the 64-head ones)
+    p_t = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, P_COLS],
+                                    gl.NVMMASharedLayout.get_default_for([BLOCK_N, P_COLS],
+                                                                         gl.bfloat16))
     gl.warp_specialize([
         (_consumer, (idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
-                     part_o_ptr, part_lse_ptr,
-                     b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
-                     q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, q_bar, ready, empty,
-                     D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, IS_FP8, DEQ_ROWS, DEQ_LAYOUT)),
+                     part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
+                     num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
+                     kv_scale, p_t, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT,
+                     IS_FP8, DEQ_ROWS, DEQ_LAYOUT, TRANSPOSED)),
         (_producer, (q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
                      scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
                      idx_ptr, stride_ib,
@@ -420,13 +541,27 @@ def ws_supported(q: torch.Tensor, kv_cache: torch.Tensor, d_v: int) -> Optional[
     return None
 
 
-def shared_memory_bytes(kind: str, d_v: int, stages: int) -> int:
+def block_heads(num_heads: int) -> int:
+    """Query heads one program serves for ``num_heads``: 16 or 32 (the transposed consumers,
+    :func:`_consumer_t`) for at most ``_T_MAX_HEADS`` heads, else 64 (more heads: several
+    programs; a remainder padded with masked rows)."""
+    if num_heads <= min(16, _T_MAX_HEADS):
+        return 16
+    if num_heads <= _T_MAX_HEADS:
+        return 32
+    return WS_BLOCK_H
+
+
+def shared_memory_bytes(kind: str, d_v: int, stages: int, block_h: int = WS_BLOCK_H) -> int:
     """Shared memory the kernel allocates, in bytes, besides the compiler's scratch (a few
-    hundred bytes) and its mbarriers: the query block ``[64, d_v + 64]`` bf16, two tiles' slot
-    ids (int32) and ``stages`` stages of 64 tokens (bf16 rows: ``[64, d_v + 64]`` bf16;
+    hundred bytes) and its mbarriers: the query block ``[block_h, d_v + 64]`` bf16, two tiles'
+    slot ids (int32), P^T ``[64, block_h]`` bf16 when ``block_h`` < 64 (the transposed
+    consumers), and ``stages`` stages of 64 tokens (bf16 rows: ``[64, d_v + 64]`` bf16;
     fp8_ds_mla rows: the NoPE bytes, the float32 scales and the bf16 rope part, plus one bf16
     ``[64, d_v]`` tile)."""
-    q_block = WS_BLOCK_H * (d_v + WS_BLOCK_N) * 2 + 2 * WS_BLOCK_N * 4
+    q_block = block_h * (d_v + WS_BLOCK_N) * 2 + 2 * WS_BLOCK_N * 4
+    if block_h < WS_BLOCK_H:
+        q_block += WS_BLOCK_N * block_h * 2
     rope = WS_BLOCK_N * WS_BLOCK_N * 2
     if kind == "bf16":
         return q_block + stages * (WS_BLOCK_N * d_v * 2 + rope)
@@ -459,24 +594,26 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
         raise ValueError(f"sparse_mla_decode_ws {why}")
     if not isinstance(stages, int) or isinstance(stages, bool) or stages < 1:
         raise ValueError(f"stages must be an int >= 1, got {stages!r}")
-    need = shared_memory_bytes(kind, d_v, stages)
-    if need > _SMEM_BUDGET:
-        raise ValueError(f"stages={stages} needs {need} bytes of shared memory for {kind} rows at "
-                         f"d_v={d_v}; a program may have {_SMEM_BUDGET} (at most "
-                         f"{max(s for s in range(1, 9) if shared_memory_bytes(kind, d_v, s) <= _SMEM_BUDGET)}"
-                         " stages)")
     bsz, num_heads, d_qk = q.shape
+    block_h = block_heads(num_heads)
+    need = shared_memory_bytes(kind, d_v, stages, block_h)
+    if need > _SMEM_BUDGET:
+        most = max(s for s in range(1, 9)
+                   if shared_memory_bytes(kind, d_v, s, block_h) <= _SMEM_BUDGET)
+        raise ValueError(f"stages={stages} needs {need} bytes of shared memory for {kind} rows at "
+                         f"d_v={d_v} and {block_h}-head programs; a program may have "
+                         f"{_SMEM_BUDGET} (at most {most} stages)")
     top_k, num_slots = indices.shape[1], kv_cache.shape[0]
-    plan = plan_splits(q, top_k, num_slots, d_v, WS_BLOCK_H, WS_BLOCK_N, num_splits, num_sms)
+    plan = plan_splits(q, top_k, num_slots, d_v, block_h, WS_BLOCK_N, num_splits, num_sms)
     out, lse, num_splits, _, part_o, part_lse = plan
-    info = LaunchInfo(WS_BLOCK_H, WS_BLOCK_N, 8, stages, max(num_splits, 1), "producer", True,
+    info = LaunchInfo(block_h, WS_BLOCK_N, 8, stages, max(num_splits, 1), "producer", True,
                       kernel="ws")
     if num_splits == 0:
         return out, lse, info
-    num_head_blocks = -(-num_heads // WS_BLOCK_H)
+    num_head_blocks = -(-num_heads // block_h)
     kernel = _sparse_mla_decode_ws_fwd[(bsz * num_splits * num_head_blocks,)](
         *kernel_args(q, kv_cache, kind, indices, sm_scale, d_v, plan, num_head_blocks),
-        **_constexprs(kind, d_v, d_qk - d_v, stages, num_splits > 1),
+        **_constexprs(kind, d_v, d_qk - d_v, stages, num_splits > 1, block_h),
         num_warps=8, maxnreg=_MAXNREG,
     )
     if num_splits > 1:
@@ -487,13 +624,16 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
                              smem_bytes=getattr(getattr(kernel, "metadata", None), "shared", None))
 
 
-def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool) -> dict:
+def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
+                block_h: int = WS_BLOCK_H) -> dict:
     """The kernel's compile-time arguments for KV rows of ``kind``: the fp8 layouts cover a
     row's ``d_v / 128`` scale groups of 128 bytes with 16-byte vectors (producer: 4 warps;
     consumers' dequantization: 8 warps)."""
     g = d_v // 128
     tpw_g = min(4, g)
-    return dict(D_V=d_v, D_ROPE=d_rope, BLOCK_H=WS_BLOCK_H, BLOCK_N=WS_BLOCK_N, STAGES=stages,
+    return dict(D_V=d_v, D_ROPE=d_rope, BLOCK_H=block_h, BLOCK_N=WS_BLOCK_N, STAGES=stages,
+                TRANSPOSED=block_h < WS_BLOCK_H,
+                P_COLS=block_h if block_h < WS_BLOCK_H else 8,
                 ROWS=_ROWS[kind], SPLIT=split, PRODUCER_WARPS=_PRODUCER_WARPS,
                 PRODUCER_REGS=_PRODUCER_REGS[kind], IS_FP8=kind == "fp8_ds_mla",
                 RAW_LAYOUT=gl.BlockedLayout([1, 1, 16], [32 // (8 * tpw_g), tpw_g, 8],
@@ -509,7 +649,7 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool) -> d
 
 
 def compile_for_sm90(kind: str = "bf16", *, d_v: int = 512, d_rope: int = 64, stages: int = 2,
-                     split: bool = False):
+                     split: bool = False, block_h: int = WS_BLOCK_H):
     """The kernel compiled by the installed Triton for sm_90a without a GPU (a
     ``triton.compiler.CompiledKernel``: ``asm["ttgir" | "ptx" | "cubin"]``,
     ``metadata.shared`` in bytes) for KV rows of ``kind`` (``"bf16"`` or ``"fp8_ds_mla"``), with
@@ -521,7 +661,7 @@ def compile_for_sm90(kind: str = "bf16", *, d_v: int = 512, d_rope: int = 64, st
 
     fn = _sparse_mla_decode_ws_fwd
     names = list(fn.arg_names)
-    const = _constexprs(kind, d_v, d_rope, stages, split)
+    const = _constexprs(kind, d_v, d_rope, stages, split, block_h)
     fp8 = kind == "fp8_ds_mla"
     ptrs = dict(q_ptr="*bf16", kv_ptr="*u8" if fp8 else "*bf16",
                 scale_ptr="*fp32" if fp8 else "*bf16", rope_ptr="*bf16", idx_ptr="*i32",
