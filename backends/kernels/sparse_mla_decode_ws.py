@@ -67,6 +67,10 @@ _PRODUCER_REGS = {"bf16": 48, "fp8_ds_mla": 48}
 #: (BENCHMARKS 6p, B128 H128 top_k 2048): bf16 rows 207.8 -> 199.7 us, fp8_ds_mla rows
 #: 248.3 -> 252.3 us, hence only for bf16 rows
 _IDS_AHEAD = {"bf16": True, "fp8_ds_mla": False}
+#: the producer's copies arrive on the stage's ``ready`` barrier when they land
+#: (``cp.async.mbarrier.arrive``), so that it issues the next tile at once (True), or it waits
+#: for them itself (False: one tile in flight)
+_ASYNC_READY = True
 #: at most this many query heads: 16- or 32-head programs with the transposed consumers
 _T_MAX_HEADS = 32
 #: fp8_ds_mla rows: rows the consumers dequantize at a time (registers: 4 x 16 bytes a thread).
@@ -169,7 +173,7 @@ def _producer(q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
               D_V: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
               BLOCK_N: gl.constexpr, ROWS: gl.constexpr, STAGES: gl.constexpr,
               WARPS: gl.constexpr, IS_FP8: gl.constexpr, raw_l: gl.constexpr,
-              scale_l: gl.constexpr, IDS_AHEAD: gl.constexpr):
+              scale_l: gl.constexpr, IDS_AHEAD: gl.constexpr, ASYNC_READY: gl.constexpr):
     nope_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])
     rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
     ids_l: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
@@ -196,7 +200,13 @@ def _producer(q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
         s = i % STAGES
         cur = ids.index(i % 2)
         if IDS_AHEAD:
+            if ASYNC_READY:
+                # this tile's ids were the last group but one: landed, seen by every thread
+                async_copy.wait_group(1)
+                _partition_barrier()
             _copy_ids(ids.index((i + 1) % 2), idx_row, t + 1, lim, BLOCK_N, ids_l)
+            if ASYNC_READY:
+                async_copy.commit_group()
         mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
         if IS_FP8:
             on = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, scale_l))
@@ -224,10 +234,15 @@ def _producer(q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
                            gl.where(ok_n, idx_n, 0).to(gl.int64), ok_n, stride_kv, 0, D_V,
                            nope_l, 8)
         async_copy.commit_group()
-        async_copy.wait_group(0)
-        fence_async_shared()
-        _partition_barrier()
-        mbarrier.arrive(ready.index(s), count=1)
+        if ASYNC_READY:
+            # every producer thread's copies arrive on the stage's barrier when they land (the
+            # consumers fence them for the tensor cores): the next tile's copies go out now
+            async_copy.mbarrier_arrive(ready.index(s), increment_count=False)
+        else:
+            async_copy.wait_group(0)
+            fence_async_shared()
+            _partition_barrier()
+            mbarrier.arrive(ready.index(s), count=1)
 
 
 @gluon.jit
@@ -265,6 +280,7 @@ def _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
         valid = (idx >= 0) & (idx < num_slots)
 
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        fence_async_shared()        # the producer's copies, for the tensor cores
         if IS_FP8:
             # fp8 rows: both warpgroups dequantize the stage's bytes into the one bf16 tile
             # (free: the previous tile's MMAs are done) and fence it for the MMAs
@@ -364,6 +380,7 @@ def _consumer_t(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stri
         valid = (idx >= 0) & (idx < num_slots)
 
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        fence_async_shared()        # the producer's copies, for the tensor cores
         if IS_FP8:
             kn = kv_nope.index(0)
             for c in gl.static_range(BLOCK_N // DEQ_ROWS):
@@ -457,7 +474,8 @@ def _sparse_mla_decode_ws_fwd(
         PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
         IS_FP8: gl.constexpr, RAW_LAYOUT: gl.constexpr, SCALE_LAYOUT: gl.constexpr,
         DEQ_ROWS: gl.constexpr, DEQ_LAYOUT: gl.constexpr, RAW_SMEM: gl.constexpr,
-        SCALE_SMEM: gl.constexpr, IDS_AHEAD: gl.constexpr, TRANSPOSED: gl.constexpr,
+        SCALE_SMEM: gl.constexpr, IDS_AHEAD: gl.constexpr, ASYNC_READY: gl.constexpr,
+        TRANSPOSED: gl.constexpr,
         P_COLS: gl.constexpr):
     pid = gl.program_id(0)
     hb = pid % num_head_blocks
@@ -491,7 +509,7 @@ def _sparse_mla_decode_ws_fwd(
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
     for j in gl.static_range(STAGES):
-        mbarrier.init(ready.index(j), count=1)
+        mbarrier.init(ready.index(j), count=PRODUCER_WARPS * 32 if ASYNC_READY else 1)
         mbarrier.init(empty.index(j), count=1)
 
     # P^T of the transposed consumers (a minimal unused buffer for the 64-head ones)
@@ -510,7 +528,7 @@ def _sparse_mla_decode_ws_fwd(
                      b, h0, H, t_begin, t_end, lim, num_slots,
                      q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, ids, q_bar, ready,
                      empty, D_V, D_ROPE, BLOCK_H, BLOCK_N, ROWS, STAGES, PRODUCER_WARPS,
-                     IS_FP8, RAW_LAYOUT, SCALE_LAYOUT, IDS_AHEAD)),
+                     IS_FP8, RAW_LAYOUT, SCALE_LAYOUT, IDS_AHEAD, ASYNC_READY)),
     ], [PRODUCER_WARPS], [PRODUCER_REGS])
 
 
@@ -645,7 +663,7 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
                                             [8, 1, 1], [2, 1, 0]),
                 RAW_SMEM=gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]),
                 SCALE_SMEM=gl.SwizzledSharedLayout(1, 1, 1, [1, 0]),
-                IDS_AHEAD=_IDS_AHEAD[kind])
+                IDS_AHEAD=_IDS_AHEAD[kind], ASYNC_READY=_ASYNC_READY)
 
 
 def compile_for_sm90(kind: str = "bf16", *, d_v: int = 512, d_rope: int = 64, stages: int = 2,
