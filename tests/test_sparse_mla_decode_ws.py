@@ -12,7 +12,8 @@ import torch
 
 from backends.kernels.kv_format import make_kv_cache
 from backends.kernels.sparse_mla_decode import sparse_mla_decode, sparse_mla_decode_with_info
-from backends.kernels.sparse_mla_decode_ws import ws_supported
+from backends.kernels.sparse_mla_decode_ws import (_SMEM_BUDGET, block_heads,
+                                                   shared_memory_bytes, ws_supported)
 from harness.reference import sparse_mla_decode_ref
 
 REL_TOL = 1e-2
@@ -61,6 +62,22 @@ def test_options_that_do_not_apply_are_refused():
     if _hopper():
         with pytest.raises(ValueError, match="stages must be an int >= 1"):
             sparse_mla_decode(q.cuda(), kv.cuda(), idx.cuda(), 0.1, 256, kernel="ws", num_stages=0)
+
+
+def test_program_head_count_and_stages_that_fit():
+    """Few heads go to the transposed 16- / 32-head programs (bf16 rows up to 32 heads, fp8
+    rows up to 16: measured, BENCHMARKS 6p), more to 64-head ones; the shared-memory estimate
+    decides how many stages fit: 2 with 64-head programs, 3 for fp8 rows at 16 heads."""
+    assert [block_heads(h, "bf16") for h in (1, 8, 16, 17, 32, 33, 64, 128)] == \
+        [16, 16, 16, 32, 32, 64, 64, 64]
+    assert [block_heads(h, "fp8_ds_mla") for h in (16, 17, 32, 128)] == [16, 64, 64, 64]
+    fits = lambda kind, bh: [s for s in (1, 2, 3) if shared_memory_bytes(kind, 512, s, bh)
+                             <= _SMEM_BUDGET]
+    assert fits("bf16", 64) == fits("fp8_ds_mla", 64) == fits("bf16", 16) == [1, 2]
+    assert fits("fp8_ds_mla", 16) == [1, 2, 3]
+    # the query block shrinks with the head block, P^T's buffer appears
+    assert (shared_memory_bytes("bf16", 512, 2, 64) - shared_memory_bytes("bf16", 512, 2, 16)
+            == 48 * 576 * 2 - 64 * 16 * 2)
 
 
 def test_limits_are_named_before_any_launch():
@@ -182,7 +199,9 @@ def test_other_widths_and_a_partial_tile():
             cache = make_kv_cache(kv3, kv_dtype, d_nope=512)
             for splits in (1, 3):
                 info = _check(q3, cache, idx3, 512, kv_dtype, num_splits=splits)[2]
-                assert info.block_h == {16: 16, 32: 32, 80: 64}[h]
+                assert info.block_h == block_heads(h, kv_dtype)
+                # the default stage count: 3 where they fit (fp8 rows, 16-head programs)
+                assert info.num_stages == (3 if (kv_dtype, h) == ("fp8_ds_mla", 16) else 2)
     # an empty top-k: zeros and +inf without a launch
     out, lse, _ = sparse_mla_decode_with_info(q, kv, idx[:, :0], 0.1, 256, kernel="ws")
     assert torch.all(out == 0) and torch.all(lse == math.inf)

@@ -789,9 +789,10 @@ def sparse_mla_decode_with_info(
             not on a GPU).
         kernel: ``"triton"`` (this module's kernel) or ``"ws"``: the warp-specialised Gluon
             kernel (:mod:`backends.kernels.sparse_mla_decode_ws`; Hopper, both row formats,
-            heads padded to 64-head programs, ``d_qk - d_v = 64``: ``ws_supported``), which takes
-            ``num_stages`` (default 2) and ``num_splits`` only: the other launch options must
-            keep their defaults.
+            any head count: 16- / 32-head or 64-head programs, ``d_qk - d_v = 64``:
+            ``ws_supported``), which takes ``num_stages`` (default: the most that fit, at
+            most 3) and ``num_splits`` only: the other launch options must keep their
+            defaults.
 
     Returns:
         ``out [B, H, d_v]`` torch.bfloat16 and ``lse [B, H]`` torch.float32 (natural log of
@@ -809,7 +810,7 @@ def sparse_mla_decode_with_info(
                                  "takes num_stages and num_splits only)")
         from backends.kernels.sparse_mla_decode_ws import sparse_mla_decode_ws
         return sparse_mla_decode_ws(q, kv_cache, indices, sm_scale, d_v,
-                                    num_splits=num_splits, stages=2 if num_stages is None else num_stages,
+                                    num_splits=num_splits, stages=num_stages,
                                     num_sms=num_sms)
     if kernel != "triton":
         raise ValueError(f"kernel must be 'triton' or 'ws', got {kernel!r}")

@@ -62,24 +62,19 @@ _PRODUCER_WARPS = 4
 #: cp.async addresses, for both formats)
 _ROWS = {"bf16": 16, "fp8_ds_mla": 16}
 _PRODUCER_REGS = {"bf16": 48, "fp8_ds_mla": 48}
-#: per KV format: the producer takes each tile's slot ids from shared memory, copied with the
-#: previous tile (True), or loads them after the stage is free (False). Measured on the H200
-#: (BENCHMARKS 6p, B128 H128 top_k 2048): bf16 rows 207.8 -> 199.7 us, fp8_ds_mla rows
-#: 248.3 -> 252.3 us, hence only for bf16 rows
-_IDS_AHEAD = {"bf16": True, "fp8_ds_mla": False}
-#: the producer's copies arrive on the stage's ``ready`` barrier when they land
-#: (``cp.async.mbarrier.arrive``), so that it issues the next tile at once (True), or it waits
-#: for them itself (False: one tile in flight)
-_ASYNC_READY = True
-#: at most this many query heads: 16- or 32-head programs with the transposed consumers
-_T_MAX_HEADS = 32
+#: per KV format: at most this many query heads are served by 16- or 32-head programs with
+#: the transposed consumers, more by 64-head programs. Measured on the H200 (BENCHMARKS 6p,
+#: B128 top_k 2048, 32 heads): bf16 rows transposed 96.0 us, padded to 64 heads 100.3; fp8 rows
+#: 130.0 against 128.1
+_T_MAX_HEADS = {"bf16": 32, "fp8_ds_mla": 16}
 #: fp8_ds_mla rows: rows the consumers dequantize at a time (registers: 4 x 16 bytes a thread).
 #: Measured on the H200 (BENCHMARKS 6p, B128 H128 top_k 2048): 8 rows 269.1 us, 16 247.9, 32
 #: 242.7, 64 285.7 (spills); the next tile's first 16 or 32 rows dequantized into registers
 #: while the PV MMA runs: 259.6-307.9 (spills at 224 or 232 registers)
 _DEQ_ROWS = 32
-#: the same for the transposed consumers (16- / 32-head programs: a 32-register accumulator)
-_DEQ_ROWS_T = 32
+#: the same for the transposed consumers (16- / 32-head programs: a 32-register accumulator;
+#: 64 rows 110.5 us against 111.9 for 32 at B128 H16, BENCHMARKS 6p)
+_DEQ_ROWS_T = 64
 #: registers per thread of the whole program: 12 warps x 32 x 168 <= 64 K; the consumers get
 #: (168 * 12 - 48 * 4) / 8 = 228 rounded down to setmaxnreg's multiple of 8: 224 (the PTX's
 #: setmaxnreg). ptxas 12.8 (Triton 3.6) for sm_90a: no spills for bf16 rows, 20 bytes for
@@ -113,19 +108,6 @@ def _copy_ids(dst, idx_row, t, lim, BLOCK_N: gl.constexpr, layout: gl.constexpr)
     reader masks them again)."""
     on = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=layout)
     _cp_async(dst, idx_row + on, mask=on < lim)
-
-
-@gluon.jit
-def _tile_ids(cur, idx_row, on, lim, start: gl.constexpr, ROWS: gl.constexpr,
-              IDS_AHEAD: gl.constexpr, layout: gl.constexpr):
-    """Slot ids (int32 ``[ROWS]`` in ``layout``, -1 at ``lim`` or beyond) of top-k positions
-    ``on``: elements ``[start, start + ROWS)`` of the tile's ids in shared memory ``cur``
-    (``IDS_AHEAD``), or loaded from ``idx_row``."""
-    if IDS_AHEAD:
-        ids = gl.where(on < lim, cur.slice(start, ROWS).load(layout), -1)
-    else:
-        ids = gl.load(idx_row + on, mask=on < lim, other=-1)
-    return ids
 
 
 @gluon.jit
@@ -175,14 +157,13 @@ def _producer(q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
               D_V: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
               BLOCK_N: gl.constexpr, ROWS: gl.constexpr, STAGES: gl.constexpr,
               WARPS: gl.constexpr, IS_FP8: gl.constexpr, raw_l: gl.constexpr,
-              scale_l: gl.constexpr, IDS_AHEAD: gl.constexpr, ASYNC_READY: gl.constexpr):
+              scale_l: gl.constexpr):
     nope_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])
     rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
     ids_l: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
     idx_row = idx_ptr + b.to(gl.int64) * stride_ib
-    # ---- the query block (and the first tile's slot ids), once ----
-    if IDS_AHEAD:
-        _copy_ids(ids.index(0), idx_row, t_begin, lim, BLOCK_N, ids_l)
+    # ---- the query block and the first tile's slot ids, once ----
+    _copy_ids(ids.index(0), idx_row, t_begin, lim, BLOCK_N, ids_l)
     for c in gl.static_range(BLOCK_H // ROWS):
         hn = h0 + c * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, nope_l))
         _copy_rows(q_nope.slice(c * ROWS, ROWS), q_ptr + b.to(gl.int64) * stride_qb,
@@ -195,31 +176,28 @@ def _producer(q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
     fence_async_shared()
     _partition_barrier()
     mbarrier.arrive(q_bar, count=1)
-    # ---- the KV tiles of this split (IDS_AHEAD: each tile's slot ids from shared memory,
-    # copied with the previous tile's rows, their load latency off the gather's path) ----
+    # ---- the KV tiles of this split: each tile's slot ids come from shared memory, copied
+    # one tile ahead (their load latency off the gather's path); the rows' copies arrive on
+    # the stage's ready barrier when they land, so the next tile's go out at once ----
     for t in range(t_begin, t_end):
         i = t - t_begin
         s = i % STAGES
         cur = ids.index(i % 2)
-        if IDS_AHEAD:
-            if ASYNC_READY:
-                # this tile's ids were the last group but one: landed, seen by every thread
-                async_copy.wait_group(1)
-                _partition_barrier()
-            _copy_ids(ids.index((i + 1) % 2), idx_row, t + 1, lim, BLOCK_N, ids_l)
-            if ASYNC_READY:
-                async_copy.commit_group()
+        # this tile's ids were the last copy group but one: landed, and seen by every thread
+        async_copy.wait_group(1)
+        _partition_barrier()
+        _copy_ids(ids.index((i + 1) % 2), idx_row, t + 1, lim, BLOCK_N, ids_l)
+        async_copy.commit_group()
         mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
         if IS_FP8:
             on = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, scale_l))
-            idx = _tile_ids(cur, idx_row, on, lim, 0, BLOCK_N, IDS_AHEAD,
-                            gl.SliceLayout(1, scale_l))
+            idx = gl.where(on < lim, cur.load(gl.SliceLayout(1, scale_l)), -1)
             _copy_fp8_scales(kv_scale.index(s), scale_ptr, stride_scale, scale_off,
                              gl.where((idx >= 0) & (idx < num_slots), idx, -1), D_V, scale_l)
         for c in gl.static_range(BLOCK_N // ROWS):
             on = t * BLOCK_N + c * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, rope_l))
-            idx = _tile_ids(cur, idx_row, on, lim, c * ROWS, ROWS, IDS_AHEAD,
-                            gl.SliceLayout(1, rope_l))
+            idx = gl.where(on < lim, cur.slice(c * ROWS, ROWS).load(gl.SliceLayout(1, rope_l)),
+                           -1)
             ok = (idx >= 0) & (idx < num_slots)
             idx = gl.where(ok, idx, -1)
             _copy_rows(kv_rope.index(s).slice(c * ROWS, ROWS), rope_ptr,
@@ -236,15 +214,9 @@ def _producer(q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
                            gl.where(ok_n, idx_n, 0).to(gl.int64), ok_n, stride_kv, 0, D_V,
                            nope_l, 8)
         async_copy.commit_group()
-        if ASYNC_READY:
-            # every producer thread's copies arrive on the stage's barrier when they land (the
-            # consumers fence them for the tensor cores): the next tile's copies go out now
-            async_copy.mbarrier_arrive(ready.index(s), increment_count=False)
-        else:
-            async_copy.wait_group(0)
-            fence_async_shared()
-            _partition_barrier()
-            mbarrier.arrive(ready.index(s), count=1)
+        # each producer thread's copies arrive on the stage's barrier (count: the producer's
+        # threads) when they land; the consumers fence them for the tensor cores
+        async_copy.mbarrier_arrive(ready.index(s), increment_count=False)
 
 
 @gluon.jit
@@ -476,8 +448,7 @@ def _sparse_mla_decode_ws_fwd(
         PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
         IS_FP8: gl.constexpr, RAW_LAYOUT: gl.constexpr, SCALE_LAYOUT: gl.constexpr,
         DEQ_ROWS: gl.constexpr, DEQ_LAYOUT: gl.constexpr, RAW_SMEM: gl.constexpr,
-        SCALE_SMEM: gl.constexpr, IDS_AHEAD: gl.constexpr, ASYNC_READY: gl.constexpr,
-        TRANSPOSED: gl.constexpr,
+        SCALE_SMEM: gl.constexpr, TRANSPOSED: gl.constexpr,
         P_COLS: gl.constexpr):
     pid = gl.program_id(0)
     hb = pid % num_head_blocks
@@ -511,7 +482,7 @@ def _sparse_mla_decode_ws_fwd(
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
     for j in gl.static_range(STAGES):
-        mbarrier.init(ready.index(j), count=PRODUCER_WARPS * 32 if ASYNC_READY else 1)
+        mbarrier.init(ready.index(j), count=PRODUCER_WARPS * 32)
         mbarrier.init(empty.index(j), count=1)
 
     # P^T of the transposed consumers (a minimal unused buffer for the 64-head ones)
@@ -530,7 +501,7 @@ def _sparse_mla_decode_ws_fwd(
                      b, h0, H, t_begin, t_end, lim, num_slots,
                      q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, ids, q_bar, ready,
                      empty, D_V, D_ROPE, BLOCK_H, BLOCK_N, ROWS, STAGES, PRODUCER_WARPS,
-                     IS_FP8, RAW_LAYOUT, SCALE_LAYOUT, IDS_AHEAD, ASYNC_READY)),
+                     IS_FP8, RAW_LAYOUT, SCALE_LAYOUT)),
     ], [PRODUCER_WARPS], [PRODUCER_REGS])
 
 
@@ -561,13 +532,14 @@ def ws_supported(q: torch.Tensor, kv_cache: torch.Tensor, d_v: int) -> Optional[
     return None
 
 
-def block_heads(num_heads: int) -> int:
-    """Query heads one program serves for ``num_heads``: 16 or 32 (the transposed consumers,
-    :func:`_consumer_t`) for at most ``_T_MAX_HEADS`` heads, else 64 (more heads: several
-    programs; a remainder padded with masked rows)."""
-    if num_heads <= min(16, _T_MAX_HEADS):
+def block_heads(num_heads: int, kind: str) -> int:
+    """Query heads one program serves for ``num_heads`` and KV rows of ``kind``: 16 or 32 (the
+    transposed consumers, :func:`_consumer_t`) for at most ``_T_MAX_HEADS[kind]`` heads, else
+    64 (more heads: several programs, a remainder padded with masked rows)."""
+    t_max = _T_MAX_HEADS[kind]
+    if num_heads <= min(16, t_max):
         return 16
-    if num_heads <= _T_MAX_HEADS:
+    if num_heads <= t_max:
         return 32
     return WS_BLOCK_H
 
@@ -591,7 +563,7 @@ def shared_memory_bytes(kind: str, d_v: int, stages: int, block_h: int = WS_BLOC
 
 def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor,
                          sm_scale: float, d_v: int = 512, *, num_splits: Optional[int] = None,
-                         stages: int = 2, num_sms: Optional[int] = None
+                         stages: Optional[int] = None, num_sms: Optional[int] = None
                          ) -> Tuple[torch.Tensor, torch.Tensor, LaunchInfo]:
     """Sparse MQA decode over top-k gathered KV rows, warp-specialised (Hopper).
 
@@ -602,8 +574,9 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
     :class:`~backends.kernels.sparse_mla_decode.LaunchInfo`), within the limits of
     :func:`ws_supported` (ValueError naming the limit otherwise, before any launch).
     ``num_splits``: top-k splits (flash-decoding; default the same wave model);
-    ``stages``: KV tiles in shared memory (2 at d_qk 576, the most that fit: a larger count is
-    a ValueError naming the bytes, :func:`shared_memory_bytes`; 1 serialises gather and MMAs).
+    ``stages``: KV tiles in shared memory (default the most that fit, at most 3: 2 at d_qk 576
+    with 64-head programs, 3 for fp8_ds_mla rows in 16-head programs; more than fit is a
+    ValueError naming the bytes, :func:`shared_memory_bytes`; 1 serialises gather and MMAs).
     """
     if isinstance(q, torch.Tensor) and q.device.type != "cuda":
         raise ValueError(f"sparse_mla_decode_ws needs a CUDA device (tensors on {q.device}; the "
@@ -612,10 +585,14 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
     why = ws_supported(q, kv_cache, d_v)
     if why is not None:
         raise ValueError(f"sparse_mla_decode_ws {why}")
-    if not isinstance(stages, int) or isinstance(stages, bool) or stages < 1:
+    if stages is not None and (not isinstance(stages, int) or isinstance(stages, bool)
+                               or stages < 1):
         raise ValueError(f"stages must be an int >= 1, got {stages!r}")
     bsz, num_heads, d_qk = q.shape
-    block_h = block_heads(num_heads)
+    block_h = block_heads(num_heads, kind)
+    if stages is None:
+        stages = max([s for s in (2, 3)
+                      if shared_memory_bytes(kind, d_v, s, block_h) <= _SMEM_BUDGET] or [2])
     need = shared_memory_bytes(kind, d_v, stages, block_h)
     if need > _SMEM_BUDGET:
         most = max(s for s in range(1, 9)
@@ -664,8 +641,7 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
                 DEQ_LAYOUT=gl.BlockedLayout([1, 1, 16], [32 // (8 * tpw_g), tpw_g, 8],
                                             [8, 1, 1], [2, 1, 0]),
                 RAW_SMEM=gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]),
-                SCALE_SMEM=gl.SwizzledSharedLayout(1, 1, 1, [1, 0]),
-                IDS_AHEAD=_IDS_AHEAD[kind], ASYNC_READY=_ASYNC_READY)
+                SCALE_SMEM=gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
 
 
 def compile_for_sm90(kind: str = "bf16", *, d_v: int = 512, d_rope: int = 64, stages: int = 2,
