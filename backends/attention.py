@@ -21,9 +21,10 @@ AttentionFn = Callable[..., Tuple[torch.Tensor, torch.Tensor]]
 ATTENTION_KERNELS = ("triton", "triton_ws", "flashmla")
 
 
-def heads_computed(name: str, num_heads: int) -> int:
-    """Query heads the ``name`` kernel actually computes for ``num_heads`` (FlashMLA and the
-    warp-specialised kernel pad to 64-head programs)."""
+def heads_computed(name: str, num_heads: int, kv_dtype: str) -> int:
+    """Query heads the ``name`` kernel actually computes for ``num_heads`` with KV rows of
+    ``kv_dtype`` (FlashMLA pads to 64-head programs; the warp-specialised kernel serves 16 or
+    32 heads a program up to a per-format count, else 64: ``block_heads``)."""
     if name == "flashmla":
         from backends.kernels.flashmla_peer import PeerUnsupported, padded_heads
         try:
@@ -31,8 +32,9 @@ def heads_computed(name: str, num_heads: int) -> int:
         except PeerUnsupported:
             return num_heads
     if name == "triton_ws":
-        from backends.kernels.sparse_mla_decode_ws import WS_BLOCK_H
-        return -(-num_heads // WS_BLOCK_H) * WS_BLOCK_H
+        from backends.kernels.sparse_mla_decode_ws import block_heads
+        block_h = block_heads(num_heads, kv_dtype)
+        return -(-num_heads // block_h) * block_h
     return num_heads
 
 

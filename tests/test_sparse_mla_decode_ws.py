@@ -213,9 +213,12 @@ def test_attention_switch_names_the_limit():
     from backends.attention import ATTENTION_KERNELS, heads_computed, resolve_attention
     from backends.base import BackendInvalid
     assert "triton_ws" in ATTENTION_KERNELS
-    # the FLOP accounting counts the padded heads a 64-head program computes
-    assert [heads_computed("triton_ws", h) for h in (16, 64, 80, 128)] == [64, 64, 128, 128]
-    assert heads_computed("triton", 16) == 16
+    # the FLOP accounting counts the heads the programs compute: 16 / 32-head programs up to
+    # the format's limit, else 64-head programs with a padded remainder
+    assert [heads_computed("triton_ws", h, "bf16") for h in (8, 16, 20, 32, 33, 64, 80, 128)] \
+        == [16, 16, 32, 32, 64, 64, 128, 128]
+    assert [heads_computed("triton_ws", h, "fp8_ds_mla") for h in (16, 20, 32, 80)] == [16, 64, 64, 128]
+    assert heads_computed("triton", 16, "bf16") == 16
     kv = torch.zeros(64, 576, dtype=torch.bfloat16)
     if not _hopper():
         with pytest.raises(BackendInvalid, match="attention_kernel='triton_ws' needs"):

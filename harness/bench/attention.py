@@ -139,7 +139,8 @@ _TP8 = (("default", {}, ALL),
         ("n32_s4_split2", {"block_n": 32, "num_stages": 4, "num_splits": 2}, ALL),
         ("h64", {"block_h": 64}, ALL),
         ("h64_replicated", {"block_h": 64, "split_scores": False}, ALL),
-        ("h64_n32_s4", {"block_h": 64, "block_n": 32, "num_stages": 4}, ALL))
+        ("h64_n32_s4", {"block_h": 64, "block_n": 32, "num_stages": 4}, ALL),
+        *_WS)
 
 
 def _small(batch: int, auto_splits: int) -> TuneShape:

@@ -395,7 +395,8 @@ class CapacityScenario(DecodeSteps):
                    setup_device_bytes=getattr(self, "setup_bytes", None),
                    peak_device_bytes=getattr(self, "peak_bytes", None),
                    workspace_allowance_bytes=self.allowance,
-                   attention_heads_computed=heads_computed(self.cfg.attention_kernel, self.model.num_heads))
+                   attention_heads_computed=heads_computed(self.cfg.attention_kernel, self.model.num_heads,
+                                                                   self.cfg.kv_dtype))
         return row
 
     def derived_columns(self, row: Dict[str, object]) -> Dict[str, object]:
