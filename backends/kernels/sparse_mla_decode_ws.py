@@ -3,9 +3,8 @@ consumer warpgroups multiply.
 
 Same contract as :func:`backends.kernels.sparse_mla_decode.sparse_mla_decode` (its module doc
 has the semantics) for the shapes FlashMLA's Hopper decode serves: ``d_qk = d_v + 64`` with
-``d_v`` a power of two (DeepSeek-V3.2: 512 + 64), any number of query heads (a program serves
-64: fewer, as in a TP8 shard's 16, are padded with masked rows, as FlashMLA's Hopper kernels pad
-them), bf16 or fp8_ds_mla KV rows (16-byte aligned). Only on a CUDA device of compute capability 9.x (wgmma,
+``d_v`` a power of two (DeepSeek-V3.2: 512 + 64), any number of query heads, bf16 or
+fp8_ds_mla KV rows (16-byte aligned). Only on a CUDA device of compute capability 9.x (wgmma,
 mbarriers, setmaxnreg); :func:`ws_supported` names what it cannot serve.
 
 Why a second kernel: the Triton kernel's compiled loop (sm_90a) issues the gather of tile
@@ -13,27 +12,41 @@ Why a second kernel: the Triton kernel's compiled loop (sm_90a) issues the gathe
 MMA alone (BENCHMARKS 6k). Here the partitions of ``gl.warp_specialize`` keep the gather off
 that path, as FlashMLA's producer warps do:
 
-* **producer** (one warpgroup, few registers): loads the query block once, then for every
-  64-token tile waits for a free stage (``empty`` mbarrier), reads the tile's slot ids and
-  copies the rows into shared memory with ``cp.async`` (16-byte vectors, zero-filled for a
-  masked id; fp8_ds_mla rows as stored: the NoPE bytes, the four float32 scales, the bf16 rope
-  part), waits for its own copies, fences them for the tensor cores (async proxy) and signals
-  the stage ``ready``. With ``STAGES`` stages it runs up to ``STAGES - 1`` tiles ahead.
-* **consumers** (the default partition, two warpgroups): per tile (fp8_ds_mla rows first
-  dequantized from the stage into one bf16 tile by both warpgroups), ``S = q k^T`` as one
-  64 x 64 wgmma whose warps are laid out ``[4, 2]`` (each warpgroup computes half of the
-  tokens for all 64 heads, so ``S`` is computed once), a base-2 online softmax (the row max
-  across the warpgroups by the compiler's reduction), then ``acc += P V`` as a 64 x 512 wgmma
-  with the same warp layout (each warpgroup owns 256 of the V columns; ``P`` reaches both
-  through the stage's rope tile in shared memory, which the score MMAs are done with), and the
-  stage goes back to the producer. The row sums are accumulated per element and reduced once
-  at the end.
+* **producer** (one warpgroup, 48 registers a thread): loads the query block once, and keeps
+  the slot ids one tile ahead in a two-entry ring in shared memory (``cp.async``). For every
+  64-token tile it waits for the tile's ids, issues the next tile's, waits for a free stage
+  (``empty`` mbarrier) and copies the rows into it with ``cp.async`` (16-byte vectors,
+  zero-filled for a masked id; fp8_ds_mla rows as stored: the NoPE bytes, the four float32
+  scales, the bf16 rope part). The copies arrive on the stage's ``ready`` mbarrier when they
+  land (``cp.async.mbarrier.arrive.noinc``, one arrival a producer thread), so the producer
+  goes on to the next tile at once: it runs up to ``STAGES`` tiles ahead.
+* **consumers** (the default partition, two warpgroups): wait for ``ready`` and fence the stage
+  for the tensor cores (async proxy); fp8_ds_mla rows are first dequantized from the stage into
+  one bf16 tile (``_DEQ_ROWS`` rows at a time, in registers) by both warpgroups. Then, per
+  program size:
 
-Shared memory at 64 heads, 64-token tiles, d_qk 576: the query block 72 KB and two stages of
-72 KB (bf16 rows: 221804 bytes), or two stages of the rows as stored (41 KB) and one bf16 tile
-(fp8_ds_mla rows: 223852 bytes), of the 227 KB a program may have. Measured on the H200 and
-why it is where it is (bf16 rows gather-bound, fp8 rows bound by the dequantization):
-BENCHMARKS 6o.
+  - **64 heads** (``_consumer_64``; more heads run several programs, a remainder is masked):
+    ``S = q k^T`` as one 64 x 64 wgmma whose warps are laid out ``[4, 2]`` (each warpgroup
+    computes half of the tokens for all 64 heads, so ``S`` is computed once), a base-2 online
+    softmax (the row max across the warpgroups by the compiler's reduction), then
+    ``acc += P V`` as a 64 x 512 wgmma with the same layout (each warpgroup owns 256 of the V
+    columns; ``P`` reaches both through the stage's rope tile, which the score MMAs are done
+    with).
+  - **16 or 32 heads** (``_consumer_t``, transposed; a TP8 or TP4 shard, up to
+    ``_T_MAX_HEADS`` per format): the tile's 64 tokens are the wgmma's M, so no head is padded:
+    ``S^T = k q^T`` ``[64, BLOCK_H]`` and ``O^T += V^T P^T`` ``[d_v, BLOCK_H]``, warps ``[4,
+    2]`` (each warpgroup owns half of the heads, so the softmax over the tokens stays within
+    a warpgroup); ``P^T`` goes through its own ``[64, BLOCK_H]`` buffer.
+
+  The stage goes back to the producer (``empty``); the row sums are accumulated per element
+  and reduced once at the end.
+
+Shared memory (:func:`shared_memory_bytes`): the query block (72 KB at 64 heads, d_qk 576),
+512 bytes of slot ids, and ``stages`` stages of 64 tokens (bf16 rows: 72 KB each; fp8_ds_mla
+rows: 41 KB as stored, plus one 64 KB bf16 tile), of the 227 KB a program may have: two
+stages at 64 heads, three for fp8_ds_mla rows in 16-head programs (the default: the most that
+fit, at most 3). Measured on the H200 and why it is where it is (bf16 rows gather-bound, fp8
+rows bound by the dequantization): BENCHMARKS 6o, 6p.
 """
 from __future__ import annotations
 
@@ -72,6 +85,11 @@ _T_MAX_HEADS = {"bf16": 32, "fp8_ds_mla": 16}
 #: 242.7, 64 285.7 (spills); the next tile's first 16 or 32 rows dequantized into registers
 #: while the PV MMA runs: 259.6-307.9 (spills at 224 or 232 registers)
 _DEQ_ROWS = 32
+#: fp8_ds_mla rows, 64-head programs: the PV MMA runs in this many token chunks, and each
+#: warpgroup dequantizes the next tile's rows of a chunk into its own columns as soon as its
+#: MMA of that chunk is done (1: after the whole PV MMA); the dequantization steps are
+#: ``min(_DEQ_ROWS, 64 // _PV_CHUNKS)`` rows
+_PV_CHUNKS = 4
 #: the same for the transposed consumers (16- / 32-head programs: a 32-register accumulator;
 #: 64 rows 110.5 us against 111.9 for 32 at B128 H16, BENCHMARKS 6p)
 _DEQ_ROWS_T = 64
@@ -146,6 +164,19 @@ def _dequant_rows(raw, scales, row0: gl.constexpr, ROWS: gl.constexpr, D_V: gl.c
     sc = scales.slice(row0, ROWS).load(gl.SliceLayout(2, deq_l))
     vals = r.to(gl.float8e4nv, bitcast=True).to(gl.float32) * sc[:, :, None]
     return gl.reshape(vals.to(gl.bfloat16), [ROWS, D_V])
+
+
+@gluon.jit
+def _dequant_own(kn, raw, scales, row0: gl.constexpr, ROWS: gl.constexpr, STEP: gl.constexpr,
+                 D_V: gl.constexpr, own_l: gl.constexpr):
+    """Stores rows ``[row0, row0 + ROWS)`` of the stage's fp8 rows (``raw``, ``scales``) into
+    the bf16 tile ``kn [BLOCK_N, D_V]``, ``STEP`` rows at a time (:func:`_dequant_rows`).
+    ``own_l`` gives each consumer warpgroup the columns its PV MMA reads (warps 4-7 the upper
+    half of the scale groups), so a warpgroup overwrites only what its own finished MMAs
+    read."""
+    for r in gl.static_range(ROWS // STEP):
+        kn.slice(row0 + r * STEP, STEP).store(
+            _dequant_rows(raw, scales, row0 + r * STEP, STEP, D_V, own_l))
 
 
 @gluon.jit
@@ -226,7 +257,7 @@ def _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
                  q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, q_bar, ready, empty,
                  D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, SPLIT: gl.constexpr, IS_FP8: gl.constexpr,
-                 DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr):
+                 DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr, PV_CHUNKS: gl.constexpr):
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                   instr_shape=[16, BLOCK_N // 2, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
@@ -245,6 +276,20 @@ def _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
     on = t_begin * BLOCK_N + offs_n
     n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
     mbarrier.wait(q_bar, 0)
+    # fp8 rows: the one bf16 tile holds the tile being multiplied; with 2 stages or more the
+    # first is dequantized here, each next one while this one's PV MMA runs (below); with one,
+    # the next tile's rows can only land once this one's stage is released: each tile is
+    # dequantized when it has landed
+    PREFETCH: gl.constexpr = IS_FP8 and STAGES > 1
+    if IS_FP8:
+        kn = kv_nope.index(0)
+    if PREFETCH:
+        if t_begin < t_end:
+            mbarrier.wait(ready.index(0), 0)
+            _dequant_own(kn, kv_raw.index(0), kv_scale.index(0), 0, BLOCK_N, DEQ_ROWS, D_V,
+                         deq_l)
+            fence_async_shared()        # the dequantized tile and the copied rope part
+            _partition_barrier()
     for t in range(t_begin, t_end):
         i = t - t_begin
         s = i % STAGES
@@ -253,20 +298,16 @@ def _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
         n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
         valid = (idx >= 0) & (idx < num_slots)
 
-        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-        fence_async_shared()        # the producer's copies, for the tensor cores
-        if IS_FP8:
-            # fp8 rows: both warpgroups dequantize the stage's bytes into the one bf16 tile
-            # (free: the previous tile's MMAs are done) and fence it for the MMAs
-            kn = kv_nope.index(0)
-            for c in gl.static_range(BLOCK_N // DEQ_ROWS):
-                kn.slice(c * DEQ_ROWS, DEQ_ROWS).store(
-                    _dequant_rows(kv_raw.index(s), kv_scale.index(s), c * DEQ_ROWS, DEQ_ROWS,
-                                  D_V, deq_l))
+        if not IS_FP8:
+            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+            fence_async_shared()        # the producer's copies, for the tensor cores
+            kn = kv_nope.index(s)
+        elif not PREFETCH:
+            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+            _dequant_own(kn, kv_raw.index(s), kv_scale.index(s), 0, BLOCK_N, DEQ_ROWS, D_V,
+                         deq_l)
             fence_async_shared()
             _partition_barrier()
-        else:
-            kn = kv_nope.index(s)
         sc = warpgroup_mma(q_nope, kn.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         sc = warpgroup_mma(q_rope, kv_rope.index(s).permute((1, 0)), sc, is_async=True)
         sc = warpgroup_mma_wait(0, deps=[sc])
@@ -288,8 +329,31 @@ def _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
         p_smem.store(p.to(gl.bfloat16))
         fence_async_shared()
         _partition_barrier()
-        acc = warpgroup_mma(p_smem, kn, acc, is_async=True)
-        acc = warpgroup_mma_wait(0, deps=[acc])
+        if IS_FP8:
+            # the PV MMA in PV_CHUNKS token chunks; as each of this warpgroup's chunks is done,
+            # it dequantizes the next tile's rows of that chunk into the columns it reads
+            # itself (the other warpgroup's PV reads only the other half), so the conversion
+            # runs beside the tensor cores; the barrier below makes the tile whole for the
+            # score MMAs of both warpgroups
+            CH: gl.constexpr = BLOCK_N // PV_CHUNKS
+            for c in gl.static_range(PV_CHUNKS):
+                acc = warpgroup_mma(p_smem.slice(c * CH, CH, dim=1), kn.slice(c * CH, CH),
+                                    acc, is_async=True)
+            has_next = t + 1 < t_end
+            s1 = (i + 1) % STAGES
+            if PREFETCH:
+                if has_next:
+                    mbarrier.wait(ready.index(s1), ((i + 1) // STAGES) & 1)
+            for c in gl.static_range(PV_CHUNKS):
+                acc = warpgroup_mma_wait(PV_CHUNKS - 1 - c, deps=[acc])
+                if PREFETCH:
+                    if has_next:
+                        _dequant_own(kn, kv_raw.index(s1), kv_scale.index(s1), c * CH, CH,
+                                     DEQ_ROWS, D_V, deq_l)
+            fence_async_shared()
+        else:
+            acc = warpgroup_mma(p_smem, kn, acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=[acc])
         _partition_barrier()
         mbarrier.arrive(empty.index(s), count=1)
         m_i = m_new
@@ -414,7 +478,8 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
               q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, p_t, q_bar, ready, empty,
               D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, SPLIT: gl.constexpr, IS_FP8: gl.constexpr,
-              DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr, TRANSPOSED: gl.constexpr):
+              DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr, TRANSPOSED: gl.constexpr,
+              PV_CHUNKS: gl.constexpr):
     """The consumer partition: 64-head programs (:func:`_consumer_64`) or, for fewer heads,
     the transposed ones (:func:`_consumer_t`)."""
     if TRANSPOSED:
@@ -428,7 +493,7 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
                      part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
                      num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
                      kv_scale, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT,
-                     IS_FP8, DEQ_ROWS, deq_l)
+                     IS_FP8, DEQ_ROWS, deq_l, PV_CHUNKS)
 
 
 @gluon.jit
@@ -449,7 +514,7 @@ def _sparse_mla_decode_ws_fwd(
         IS_FP8: gl.constexpr, RAW_LAYOUT: gl.constexpr, SCALE_LAYOUT: gl.constexpr,
         DEQ_ROWS: gl.constexpr, DEQ_LAYOUT: gl.constexpr, RAW_SMEM: gl.constexpr,
         SCALE_SMEM: gl.constexpr, TRANSPOSED: gl.constexpr,
-        P_COLS: gl.constexpr):
+        P_COLS: gl.constexpr, PV_CHUNKS: gl.constexpr):
     pid = gl.program_id(0)
     hb = pid % num_head_blocks
     rest = pid // num_head_blocks
@@ -494,7 +559,7 @@ def _sparse_mla_decode_ws_fwd(
                      part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
                      num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
                      kv_scale, p_t, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT,
-                     IS_FP8, DEQ_ROWS, DEQ_LAYOUT, TRANSPOSED)),
+                     IS_FP8, DEQ_ROWS, DEQ_LAYOUT, TRANSPOSED, PV_CHUNKS)),
         (_producer, (q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
                      scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
                      idx_ptr, stride_ib,
@@ -637,9 +702,13 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
                                             [_PRODUCER_WARPS, 1, 1], [2, 1, 0]),
                 SCALE_LAYOUT=gl.BlockedLayout([1, 1], [32 // tpw_g, tpw_g],
                                               [_PRODUCER_WARPS, 1], [1, 0]),
-                DEQ_ROWS=_DEQ_ROWS if block_h == WS_BLOCK_H else _DEQ_ROWS_T,
-                DEQ_LAYOUT=gl.BlockedLayout([1, 1, 16], [32 // (8 * tpw_g), tpw_g, 8],
-                                            [8, 1, 1], [2, 1, 0]),
+                DEQ_ROWS=(min(_DEQ_ROWS, WS_BLOCK_N // _PV_CHUNKS) if block_h == WS_BLOCK_H
+                          else _DEQ_ROWS_T),
+                DEQ_LAYOUT=(gl.BlockedLayout([1, max(g // 2, 1), 16], [4, 1, 8], [4, 2, 1],
+                                             [2, 0, 1]) if block_h == WS_BLOCK_H else
+                            gl.BlockedLayout([1, 1, 16], [32 // (8 * tpw_g), tpw_g, 8],
+                                             [8, 1, 1], [2, 1, 0])),
+                PV_CHUNKS=_PV_CHUNKS,
                 RAW_SMEM=gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]),
                 SCALE_SMEM=gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
 
