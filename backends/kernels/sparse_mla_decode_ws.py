@@ -83,13 +83,11 @@ _T_MAX_HEADS = {"bf16": 32, "fp8_ds_mla": 16}
 #: fp8_ds_mla rows: rows the consumers dequantize at a time (registers: 4 x 16 bytes a thread).
 #: Measured on the H200 (BENCHMARKS 6p, B128 H128 top_k 2048): 8 rows 269.1 us, 16 247.9, 32
 #: 242.7, 64 285.7 (spills); the next tile's first 16 or 32 rows dequantized into registers
-#: while the PV MMA runs: 259.6-307.9 (spills at 224 or 232 registers)
+#: while the PV MMA runs: 259.6-307.9 (spills at 224 or 232 registers); the next tile's rows
+#: dequantized straight into the bf16 tile as this tile's PV MMA finishes each token chunk
+#: (each warpgroup into the columns its own MMA reads): 252.8-265.2 against 244.9, and 254.4
+#: for the column-split layout alone, without overlap
 _DEQ_ROWS = 32
-#: fp8_ds_mla rows, 64-head programs: the PV MMA runs in this many token chunks, and each
-#: warpgroup dequantizes the next tile's rows of a chunk into its own columns as soon as its
-#: MMA of that chunk is done (1: after the whole PV MMA); the dequantization steps are
-#: ``min(_DEQ_ROWS, 64 // _PV_CHUNKS)`` rows
-_PV_CHUNKS = 4
 #: the same for the transposed consumers (16- / 32-head programs: a 32-register accumulator;
 #: 64 rows 110.5 us against 111.9 for 32 at B128 H16, BENCHMARKS 6p)
 _DEQ_ROWS_T = 64
@@ -164,19 +162,6 @@ def _dequant_rows(raw, scales, row0: gl.constexpr, ROWS: gl.constexpr, D_V: gl.c
     sc = scales.slice(row0, ROWS).load(gl.SliceLayout(2, deq_l))
     vals = r.to(gl.float8e4nv, bitcast=True).to(gl.float32) * sc[:, :, None]
     return gl.reshape(vals.to(gl.bfloat16), [ROWS, D_V])
-
-
-@gluon.jit
-def _dequant_own(kn, raw, scales, row0: gl.constexpr, ROWS: gl.constexpr, STEP: gl.constexpr,
-                 D_V: gl.constexpr, own_l: gl.constexpr):
-    """Stores rows ``[row0, row0 + ROWS)`` of the stage's fp8 rows (``raw``, ``scales``) into
-    the bf16 tile ``kn [BLOCK_N, D_V]``, ``STEP`` rows at a time (:func:`_dequant_rows`).
-    ``own_l`` gives each consumer warpgroup the columns its PV MMA reads (warps 4-7 the upper
-    half of the scale groups), so a warpgroup overwrites only what its own finished MMAs
-    read."""
-    for r in gl.static_range(ROWS // STEP):
-        kn.slice(row0 + r * STEP, STEP).store(
-            _dequant_rows(raw, scales, row0 + r * STEP, STEP, D_V, own_l))
 
 
 @gluon.jit
@@ -257,7 +242,7 @@ def _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
                  q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, q_bar, ready, empty,
                  D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, SPLIT: gl.constexpr, IS_FP8: gl.constexpr,
-                 DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr, PV_CHUNKS: gl.constexpr):
+                 DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr):
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                   instr_shape=[16, BLOCK_N // 2, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
@@ -276,20 +261,6 @@ def _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
     on = t_begin * BLOCK_N + offs_n
     n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
     mbarrier.wait(q_bar, 0)
-    # fp8 rows: the one bf16 tile holds the tile being multiplied; with 2 stages or more the
-    # first is dequantized here, each next one while this one's PV MMA runs (below); with one,
-    # the next tile's rows can only land once this one's stage is released: each tile is
-    # dequantized when it has landed
-    PREFETCH: gl.constexpr = IS_FP8 and STAGES > 1
-    if IS_FP8:
-        kn = kv_nope.index(0)
-    if PREFETCH:
-        if t_begin < t_end:
-            mbarrier.wait(ready.index(0), 0)
-            _dequant_own(kn, kv_raw.index(0), kv_scale.index(0), 0, BLOCK_N, DEQ_ROWS, D_V,
-                         deq_l)
-            fence_async_shared()        # the dequantized tile and the copied rope part
-            _partition_barrier()
     for t in range(t_begin, t_end):
         i = t - t_begin
         s = i % STAGES
@@ -298,16 +269,20 @@ def _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
         n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
         valid = (idx >= 0) & (idx < num_slots)
 
-        if not IS_FP8:
-            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-            fence_async_shared()        # the producer's copies, for the tensor cores
-            kn = kv_nope.index(s)
-        elif not PREFETCH:
-            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-            _dequant_own(kn, kv_raw.index(s), kv_scale.index(s), 0, BLOCK_N, DEQ_ROWS, D_V,
-                         deq_l)
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        fence_async_shared()        # the producer's copies, for the tensor cores
+        if IS_FP8:
+            # fp8 rows: both warpgroups dequantize the stage's bytes into the one bf16 tile
+            # (free: the previous tile's MMAs are done) and fence it for the MMAs
+            kn = kv_nope.index(0)
+            for c in gl.static_range(BLOCK_N // DEQ_ROWS):
+                kn.slice(c * DEQ_ROWS, DEQ_ROWS).store(
+                    _dequant_rows(kv_raw.index(s), kv_scale.index(s), c * DEQ_ROWS, DEQ_ROWS,
+                                  D_V, deq_l))
             fence_async_shared()
             _partition_barrier()
+        else:
+            kn = kv_nope.index(s)
         sc = warpgroup_mma(q_nope, kn.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         sc = warpgroup_mma(q_rope, kv_rope.index(s).permute((1, 0)), sc, is_async=True)
         sc = warpgroup_mma_wait(0, deps=[sc])
@@ -329,31 +304,8 @@ def _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
         p_smem.store(p.to(gl.bfloat16))
         fence_async_shared()
         _partition_barrier()
-        if IS_FP8:
-            # the PV MMA in PV_CHUNKS token chunks; as each of this warpgroup's chunks is done,
-            # it dequantizes the next tile's rows of that chunk into the columns it reads
-            # itself (the other warpgroup's PV reads only the other half), so the conversion
-            # runs beside the tensor cores; the barrier below makes the tile whole for the
-            # score MMAs of both warpgroups
-            CH: gl.constexpr = BLOCK_N // PV_CHUNKS
-            for c in gl.static_range(PV_CHUNKS):
-                acc = warpgroup_mma(p_smem.slice(c * CH, CH, dim=1), kn.slice(c * CH, CH),
-                                    acc, is_async=True)
-            has_next = t + 1 < t_end
-            s1 = (i + 1) % STAGES
-            if PREFETCH:
-                if has_next:
-                    mbarrier.wait(ready.index(s1), ((i + 1) // STAGES) & 1)
-            for c in gl.static_range(PV_CHUNKS):
-                acc = warpgroup_mma_wait(PV_CHUNKS - 1 - c, deps=[acc])
-                if PREFETCH:
-                    if has_next:
-                        _dequant_own(kn, kv_raw.index(s1), kv_scale.index(s1), c * CH, CH,
-                                     DEQ_ROWS, D_V, deq_l)
-            fence_async_shared()
-        else:
-            acc = warpgroup_mma(p_smem, kn, acc, is_async=True)
-            acc = warpgroup_mma_wait(0, deps=[acc])
+        acc = warpgroup_mma(p_smem, kn, acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=[acc])
         _partition_barrier()
         mbarrier.arrive(empty.index(s), count=1)
         m_i = m_new
@@ -478,8 +430,7 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
               q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, p_t, q_bar, ready, empty,
               D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, SPLIT: gl.constexpr, IS_FP8: gl.constexpr,
-              DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr, TRANSPOSED: gl.constexpr,
-              PV_CHUNKS: gl.constexpr):
+              DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr, TRANSPOSED: gl.constexpr):
     """The consumer partition: 64-head programs (:func:`_consumer_64`) or, for fewer heads,
     the transposed ones (:func:`_consumer_t`)."""
     if TRANSPOSED:
@@ -493,7 +444,7 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
                      part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
                      num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
                      kv_scale, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT,
-                     IS_FP8, DEQ_ROWS, deq_l, PV_CHUNKS)
+                     IS_FP8, DEQ_ROWS, deq_l)
 
 
 @gluon.jit
@@ -514,7 +465,7 @@ def _sparse_mla_decode_ws_fwd(
         IS_FP8: gl.constexpr, RAW_LAYOUT: gl.constexpr, SCALE_LAYOUT: gl.constexpr,
         DEQ_ROWS: gl.constexpr, DEQ_LAYOUT: gl.constexpr, RAW_SMEM: gl.constexpr,
         SCALE_SMEM: gl.constexpr, TRANSPOSED: gl.constexpr,
-        P_COLS: gl.constexpr, PV_CHUNKS: gl.constexpr):
+        P_COLS: gl.constexpr):
     pid = gl.program_id(0)
     hb = pid % num_head_blocks
     rest = pid // num_head_blocks
@@ -559,7 +510,7 @@ def _sparse_mla_decode_ws_fwd(
                      part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
                      num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
                      kv_scale, p_t, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT,
-                     IS_FP8, DEQ_ROWS, DEQ_LAYOUT, TRANSPOSED, PV_CHUNKS)),
+                     IS_FP8, DEQ_ROWS, DEQ_LAYOUT, TRANSPOSED)),
         (_producer, (q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
                      scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
                      idx_ptr, stride_ib,
@@ -702,13 +653,9 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
                                             [_PRODUCER_WARPS, 1, 1], [2, 1, 0]),
                 SCALE_LAYOUT=gl.BlockedLayout([1, 1], [32 // tpw_g, tpw_g],
                                               [_PRODUCER_WARPS, 1], [1, 0]),
-                DEQ_ROWS=(min(_DEQ_ROWS, WS_BLOCK_N // _PV_CHUNKS) if block_h == WS_BLOCK_H
-                          else _DEQ_ROWS_T),
-                DEQ_LAYOUT=(gl.BlockedLayout([1, max(g // 2, 1), 16], [4, 1, 8], [4, 2, 1],
-                                             [2, 0, 1]) if block_h == WS_BLOCK_H else
-                            gl.BlockedLayout([1, 1, 16], [32 // (8 * tpw_g), tpw_g, 8],
-                                             [8, 1, 1], [2, 1, 0])),
-                PV_CHUNKS=_PV_CHUNKS,
+                DEQ_ROWS=_DEQ_ROWS if block_h == WS_BLOCK_H else _DEQ_ROWS_T,
+                DEQ_LAYOUT=gl.BlockedLayout([1, 1, 16], [32 // (8 * tpw_g), tpw_g, 8],
+                                            [8, 1, 1], [2, 1, 0]),
                 RAW_SMEM=gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]),
                 SCALE_SMEM=gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
 
