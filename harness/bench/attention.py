@@ -20,9 +20,9 @@ B=64/H=64/top_k=512) fresh random queries and distinct request-local top-k posit
 ``--quick``: d_qk 320 / d_v 256, a 256-token pool in 16-token pages, B=2/H=16/top_k=96.
 
 ``--tune``: instead of the rows above, a grid of launch variants per tuning shape (``TUNE``:
-B=128/H=128 and the TP8 B=128/H=16 at top_k 2048, and B=1, 2, 4, 8 at H=128) beside FlashMLA
-(``backends/kernels/flashmla_peer.py``; H=16 padded to its 64 heads outside the timed call, as
-an engine pads them) on the same queries and pool, each checked against the reference first,
+B=128/H=128, the TP8 B=128/H=16 and the TP4 B=128/H=32 at top_k 2048, and B=1, 2, 4, 8 at
+H=128) beside FlashMLA (``backends/kernels/flashmla_peer.py``; H=16 and 32 padded to its 64
+heads outside the timed call, as an engine pads them) on the same queries and pool, each checked against the reference first,
 all timed as Python calls (launch overhead hidden, cold L2). Our rows carry the resolved launch
 (``launch_config``: every keyword argument, the split count actually launched included), the
 compiled kernel's ``n_regs`` / ``n_spills`` / ``smem_bytes``, and ``ratio_to_peer`` against
@@ -166,6 +166,8 @@ def _small(batch: int, auto_splits: int) -> TuneShape:
 #: the 32 tiles is clamped to one tile per split)
 TUNE = (TuneShape("B128_H128_k2048", 128, 128, 2048, _BIG),
         TuneShape("B128_H16_k2048", 128, 16, 2048, _TP8),
+        TuneShape("B128_H32_k2048", 128, 32, 2048, (("default", {}, ALL),
+                                                     ("h64", {"block_h": 64}, ALL), *_WS)),
         _small(1, 32), _small(2, 16), _small(4, 16), _small(8, 8))
 TUNE_QUICK = (TuneShape("quick_B2_H16_k96", 2, 16, 96, (
     ("default", {}, ALL),
