@@ -71,6 +71,7 @@ __all__ = ["sparse_mla_decode_ws", "ws_supported", "shared_memory_bytes", "compi
 WS_BLOCK_H = 64
 WS_BLOCK_N = 64
 _PRODUCER_WARPS = 4
+_RAW_SWIZZLE = True
 #: per KV format: rows a producer step covers and the producer's registers a thread (bf16: the
 #: cp.async addresses, for both formats)
 _ROWS = {"bf16": 16, "fp8_ds_mla": 16}
@@ -654,9 +655,12 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
                 SCALE_LAYOUT=gl.BlockedLayout([1, 1], [32 // tpw_g, tpw_g],
                                               [_PRODUCER_WARPS, 1], [1, 0]),
                 DEQ_ROWS=_DEQ_ROWS if block_h == WS_BLOCK_H else _DEQ_ROWS_T,
-                DEQ_LAYOUT=gl.BlockedLayout([1, 1, 16], [32 // (8 * tpw_g), tpw_g, 8],
-                                            [8, 1, 1], [2, 1, 0]),
-                RAW_SMEM=gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]),
+                DEQ_LAYOUT=(gl.BlockedLayout([1, 1, 16], [8, 1, 4], [4, 1, 2], [2, 0, 1])
+                            if _RAW_SWIZZLE else
+                            gl.BlockedLayout([1, 1, 16], [32 // (8 * tpw_g), tpw_g, 8],
+                                             [8, 1, 1], [2, 1, 0])),
+                RAW_SMEM=(gl.SwizzledSharedLayout(16, 1, 8, [2, 0, 1]) if _RAW_SWIZZLE else
+                          gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])),
                 SCALE_SMEM=gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
 
 
