@@ -46,7 +46,8 @@ for rnd in range(2):
             race = max((fn()[0][:, :h].float() - o.float()).abs().max().item() for _ in range(5))
             t = time_fn(fn, dev, warmup=5, repeats=30)
             rows.append((b, h, name, t.median_us, t.p10_us, t.p90_us, chk.max_rel_err,
-                         "BAD" if chk.failure() else "ok", vs, race, out[2].n_spills))
+                         "BAD" if chk.failure() else "ok", vs, race,
+                         out[2].n_spills if len(out) > 2 else None))
 ws._DEQ_ROWS, ws._DEQ_ROWS_T = D64, DT
 print(f"{'B':>4} {'H':>4} {'variant':9} {'median_us':>9} {'p10':>7} {'p90':>7} {'rel_err':>8} "
       f"{'check':5} {'vs_def':>8} {'race':>8} {'spills':>6} {'/fmla':>6}")
