@@ -71,7 +71,6 @@ __all__ = ["sparse_mla_decode_ws", "ws_supported", "shared_memory_bytes", "compi
 WS_BLOCK_H = 64
 WS_BLOCK_N = 64
 _PRODUCER_WARPS = 4
-_RAW_SWIZZLE = True
 #: per KV format: rows a producer step covers and the producer's registers a thread (bf16: the
 #: cp.async addresses, for both formats)
 _ROWS = {"bf16": 16, "fp8_ds_mla": 16}
@@ -87,10 +86,12 @@ _T_MAX_HEADS = {"bf16": 32, "fp8_ds_mla": 16}
 #: while the PV MMA runs: 259.6-307.9 (spills at 224 or 232 registers); the next tile's rows
 #: dequantized straight into the bf16 tile as this tile's PV MMA finishes each token chunk
 #: (each warpgroup into the columns its own MMA reads): 252.8-265.2 against 244.9, and 254.4
-#: for the column-split layout alone, without overlap
+#: for the column-split layout alone, without overlap. With the swizzled stages (_constexprs):
+#: 16 rows 305.9, 32 241.2, 64 270.9 (spills)
 _DEQ_ROWS = 32
 #: the same for the transposed consumers (16- / 32-head programs: a 32-register accumulator;
-#: 64 rows 110.5 us against 111.9 for 32 at B128 H16, BENCHMARKS 6p)
+#: 64 rows 110.5 us against 111.9 for 32 at B128 H16; with the swizzled stages 104.0 against
+#: 106.1, BENCHMARKS 6p)
 _DEQ_ROWS_T = 64
 #: registers per thread of the whole program: 12 warps x 32 x 168 <= 64 K; the consumers get
 #: (168 * 12 - 48 * 4) / 8 = 228 rounded down to setmaxnreg's multiple of 8: 224 (the PTX's
@@ -641,8 +642,14 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
 def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
                 block_h: int = WS_BLOCK_H) -> dict:
     """The kernel's compile-time arguments for KV rows of ``kind``: the fp8 layouts cover a
-    row's ``d_v / 128`` scale groups of 128 bytes with 16-byte vectors (producer: 4 warps;
-    consumers' dequantization: 8 warps)."""
+    row's ``d_v / 128`` scale groups of 128 bytes with 16-byte vectors (producer: 4 warps, a
+    token's groups a warp; consumers' dequantization: 8 warps, 8 tokens x 64 bytes a warp). The
+    stages hold the bytes group-major (``[G][tokens][128]``) with each token's 16-byte vectors
+    XORed by the token (mod 8), so those reads, and the dequantized stores (8 rows of one
+    128-byte column block of the bf16 tile a warp), are free of bank conflicts. Measured on the
+    H200 (BENCHMARKS 6p, fp8_ds_mla rows, top_k 2048): B128 H128 240.4 us against 246.5 for
+    unswizzled rows read a token x 512 bytes a warp (whose stores hit the same offsets of 8
+    column blocks), B128 H16 104.0 against 111.2, B8 33.3 against 32.4."""
     g = d_v // 128
     tpw_g = min(4, g)
     return dict(D_V=d_v, D_ROPE=d_rope, BLOCK_H=block_h, BLOCK_N=WS_BLOCK_N, STAGES=stages,
@@ -655,12 +662,8 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
                 SCALE_LAYOUT=gl.BlockedLayout([1, 1], [32 // tpw_g, tpw_g],
                                               [_PRODUCER_WARPS, 1], [1, 0]),
                 DEQ_ROWS=_DEQ_ROWS if block_h == WS_BLOCK_H else _DEQ_ROWS_T,
-                DEQ_LAYOUT=(gl.BlockedLayout([1, 1, 16], [8, 1, 4], [4, 1, 2], [2, 0, 1])
-                            if _RAW_SWIZZLE else
-                            gl.BlockedLayout([1, 1, 16], [32 // (8 * tpw_g), tpw_g, 8],
-                                             [8, 1, 1], [2, 1, 0])),
-                RAW_SMEM=(gl.SwizzledSharedLayout(16, 1, 8, [2, 0, 1]) if _RAW_SWIZZLE else
-                          gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])),
+                DEQ_LAYOUT=gl.BlockedLayout([1, 1, 16], [8, 1, 4], [4, 1, 2], [2, 0, 1]),
+                RAW_SMEM=gl.SwizzledSharedLayout(16, 1, 8, [2, 0, 1]),
                 SCALE_SMEM=gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
 
 
