@@ -71,13 +71,13 @@ __all__ = ["sparse_mla_decode_ws", "ws_supported", "shared_memory_bytes", "compi
 WS_BLOCK_H = 64
 WS_BLOCK_N = 64
 _PRODUCER_WARPS = 4
-#: per KV format: rows a producer step covers and the producer's registers a thread (bf16: the
-#: cp.async addresses, for both formats)
+#: per KV format: rows a producer step covers and the producer's registers a thread (the
+#: cp.async addresses, for both formats; the producer converts no fp8 rows: converting the last
+#: 16 or 32 rows of each tile at 56 registers while the consumers convert the others took 300.1
+#: / 307.4 us at B128 H128 against 243.0 on the H200, BENCHMARKS 6p: the consumers wait for
+#: its slower share)
 _ROWS = {"bf16": 16, "fp8_ds_mla": 16}
-_PRODUCER_REGS = {"bf16": 48, "fp8_ds_mla": 56}
-#: fp8_ds_mla rows, 64-head programs at 2 stages: the producer warpgroup dequantizes the last
-#: this many rows of each tile (8 a step, in its 56 registers; the consumers the others)
-_PRODUCER_DEQ_ROWS = 16
+_PRODUCER_REGS = {"bf16": 48, "fp8_ds_mla": 48}
 #: per KV format: at most this many query heads are served by 16- or 32-head programs with
 #: the transposed consumers, more by 64-head programs. Measured on the H200 (BENCHMARKS 6p,
 #: B128 top_k 2048, 32 heads): bf16 rows transposed 96.0 us, padded to 64 heads 100.3; fp8 rows
@@ -170,34 +170,15 @@ def _dequant_rows(raw, scales, row0: gl.constexpr, ROWS: gl.constexpr, D_V: gl.c
 
 
 @gluon.jit
-def _producer_dequant(kn, kv_raw, kv_scale, ready, kdone, j, STAGES: gl.constexpr,
-                      BLOCK_N: gl.constexpr, PDQ_ROWS: gl.constexpr, D_V: gl.constexpr,
-                      pdq_l: gl.constexpr):
-    """The producer's share of tile ``j``'s dequantization (fp8 rows, 64-head programs): once
-    the tile has landed, its last ``PDQ_ROWS`` rows into the bf16 tile ``kn`` (free: the caller
-    has seen tile ``j - 1`` done), 8 rows a step; fenced for the tensor cores, then ``kdone``."""
-    sj = j % STAGES
-    mbarrier.wait(ready.index(sj), (j // STAGES) & 1)
-    for r in gl.static_range(PDQ_ROWS // 8):
-        kn.slice(BLOCK_N - PDQ_ROWS + r * 8, 8).store(
-            _dequant_rows(kv_raw.index(sj), kv_scale.index(sj), BLOCK_N - PDQ_ROWS + r * 8, 8,
-                          D_V, pdq_l))
-    fence_async_shared()
-    _partition_barrier()
-    mbarrier.arrive(kdone, count=1)
-
-
-@gluon.jit
 def _producer(q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
               scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
               idx_ptr, stride_ib,
               b, h0, H, t_begin, t_end, lim, num_slots,
               q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, ids, q_bar, ready, empty,
-              kdone,
               D_V: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
               BLOCK_N: gl.constexpr, ROWS: gl.constexpr, STAGES: gl.constexpr,
               WARPS: gl.constexpr, IS_FP8: gl.constexpr, raw_l: gl.constexpr,
-              scale_l: gl.constexpr, PDQ_ROWS: gl.constexpr, pdq_l: gl.constexpr):
+              scale_l: gl.constexpr):
     nope_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])
     rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
     ids_l: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
@@ -257,18 +238,6 @@ def _producer(q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
         # each producer thread's copies arrive on the stage's barrier (count: the producer's
         # threads) when they land; the consumers fence them for the tensor cores
         async_copy.mbarrier_arrive(ready.index(s), increment_count=False)
-        if PDQ_ROWS > 0:
-            # 2 stages: the wait for this stage above saw tile i - 2 done, so the bf16 tile is
-            # free for tile i - 1 (the previous one), whose share this thread now converts
-            if i >= 1:
-                _producer_dequant(kv_nope.index(0), kv_raw, kv_scale, ready, kdone, i - 1,
-                                  STAGES, BLOCK_N, PDQ_ROWS, D_V, pdq_l)
-    if PDQ_ROWS > 0:
-        n = t_end - t_begin
-        if n >= 1:      # the last tile's share, once the one before it is done
-            mbarrier.wait(empty.index(n % STAGES), ((n // STAGES) & 1) ^ 1)
-            _producer_dequant(kv_nope.index(0), kv_raw, kv_scale, ready, kdone, n - 1,
-                              STAGES, BLOCK_N, PDQ_ROWS, D_V, pdq_l)
 
 
 @gluon.jit
@@ -276,11 +245,9 @@ def _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
                  part_o_ptr, part_lse_ptr,
                  b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
                  q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, q_bar, ready, empty,
-                 kdone,
                  D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, SPLIT: gl.constexpr, IS_FP8: gl.constexpr,
-                 DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr, PDQ_ROWS: gl.constexpr,
-                 deq16_l: gl.constexpr):
+                 DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr):
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                   instr_shape=[16, BLOCK_N // 2, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
@@ -311,22 +278,14 @@ def _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
         fence_async_shared()        # the producer's copies, for the tensor cores
         if IS_FP8:
             # fp8 rows: both warpgroups dequantize the stage's bytes into the one bf16 tile
-            # (free: the previous tile's MMAs are done) and fence it for the MMAs; the last
-            # PDQ_ROWS rows are the producer's (kdone)
+            # (free: the previous tile's MMAs are done) and fence it for the MMAs
             kn = kv_nope.index(0)
-            C_ROWS: gl.constexpr = BLOCK_N - PDQ_ROWS
-            for c in gl.static_range(C_ROWS // DEQ_ROWS):
+            for c in gl.static_range(BLOCK_N // DEQ_ROWS):
                 kn.slice(c * DEQ_ROWS, DEQ_ROWS).store(
                     _dequant_rows(kv_raw.index(s), kv_scale.index(s), c * DEQ_ROWS, DEQ_ROWS,
                                   D_V, deq_l))
-            if C_ROWS % DEQ_ROWS != 0:
-                R16: gl.constexpr = C_ROWS // DEQ_ROWS * DEQ_ROWS
-                kn.slice(R16, 16).store(
-                    _dequant_rows(kv_raw.index(s), kv_scale.index(s), R16, 16, D_V, deq16_l))
             fence_async_shared()
             _partition_barrier()
-            if PDQ_ROWS > 0:
-                mbarrier.wait(kdone, i & 1)
         else:
             kn = kv_nope.index(s)
         sc = warpgroup_mma(q_nope, kn.permute((1, 0)), s_zero, use_acc=False, is_async=True)
@@ -476,8 +435,7 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
               q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, p_t, q_bar, ready, empty,
               D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, SPLIT: gl.constexpr, IS_FP8: gl.constexpr,
-              DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr, TRANSPOSED: gl.constexpr,
-              kdone, PDQ_ROWS: gl.constexpr, deq16_l: gl.constexpr):
+              DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr, TRANSPOSED: gl.constexpr):
     """The consumer partition: 64-head programs (:func:`_consumer_64`) or, for fewer heads,
     the transposed ones (:func:`_consumer_t`)."""
     if TRANSPOSED:
@@ -490,8 +448,8 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
         _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
                      part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
                      num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
-                     kv_scale, q_bar, ready, empty, kdone, D_V, BLOCK_H, BLOCK_N, STAGES,
-                     SPLIT, IS_FP8, DEQ_ROWS, deq_l, PDQ_ROWS, deq16_l)
+                     kv_scale, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT,
+                     IS_FP8, DEQ_ROWS, deq_l)
 
 
 @gluon.jit
@@ -512,8 +470,7 @@ def _sparse_mla_decode_ws_fwd(
         IS_FP8: gl.constexpr, RAW_LAYOUT: gl.constexpr, SCALE_LAYOUT: gl.constexpr,
         DEQ_ROWS: gl.constexpr, DEQ_LAYOUT: gl.constexpr, RAW_SMEM: gl.constexpr,
         SCALE_SMEM: gl.constexpr, TRANSPOSED: gl.constexpr,
-        P_COLS: gl.constexpr, PDQ_ROWS: gl.constexpr, PDQ_LAYOUT: gl.constexpr,
-        DEQ16_LAYOUT: gl.constexpr):
+        P_COLS: gl.constexpr):
     pid = gl.program_id(0)
     hb = pid % num_head_blocks
     rest = pid // num_head_blocks
@@ -544,9 +501,7 @@ def _sparse_mla_decode_ws_fwd(
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    kdone = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
-    mbarrier.init(kdone, count=1)
     for j in gl.static_range(STAGES):
         mbarrier.init(ready.index(j), count=PRODUCER_WARPS * 32)
         mbarrier.init(empty.index(j), count=1)
@@ -560,15 +515,14 @@ def _sparse_mla_decode_ws_fwd(
                      part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
                      num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
                      kv_scale, p_t, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT,
-                     IS_FP8, DEQ_ROWS, DEQ_LAYOUT, TRANSPOSED, kdone, PDQ_ROWS,
-                     DEQ16_LAYOUT)),
+                     IS_FP8, DEQ_ROWS, DEQ_LAYOUT, TRANSPOSED)),
         (_producer, (q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
                      scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
                      idx_ptr, stride_ib,
                      b, h0, H, t_begin, t_end, lim, num_slots,
                      q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, ids, q_bar, ready,
-                     empty, kdone, D_V, D_ROPE, BLOCK_H, BLOCK_N, ROWS, STAGES,
-                     PRODUCER_WARPS, IS_FP8, RAW_LAYOUT, SCALE_LAYOUT, PDQ_ROWS, PDQ_LAYOUT)),
+                     empty, D_V, D_ROPE, BLOCK_H, BLOCK_N, ROWS, STAGES, PRODUCER_WARPS,
+                     IS_FP8, RAW_LAYOUT, SCALE_LAYOUT)),
     ], [PRODUCER_WARPS], [PRODUCER_REGS])
 
 
@@ -706,10 +660,6 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
                 P_COLS=block_h if block_h < WS_BLOCK_H else 8,
                 ROWS=_ROWS[kind], SPLIT=split, PRODUCER_WARPS=_PRODUCER_WARPS,
                 PRODUCER_REGS=_PRODUCER_REGS[kind], IS_FP8=kind == "fp8_ds_mla",
-                PDQ_ROWS=(_PRODUCER_DEQ_ROWS if kind == "fp8_ds_mla" and block_h == WS_BLOCK_H
-                          and stages == 2 else 0),
-                PDQ_LAYOUT=gl.BlockedLayout([1, 1, 16], [8, 1, 4], [1, 2, 2], [2, 0, 1]),
-                DEQ16_LAYOUT=gl.BlockedLayout([1, 1, 16], [8, 1, 4], [2, 2, 2], [2, 0, 1]),
                 RAW_LAYOUT=gl.BlockedLayout([1, 1, 16], [32 // (8 * tpw_g), tpw_g, 8],
                                             [_PRODUCER_WARPS, 1, 1], [2, 1, 0]),
                 SCALE_LAYOUT=gl.BlockedLayout([1, 1], [32 // tpw_g, tpw_g],
