@@ -170,6 +170,29 @@ def _dequant_rows(raw, scales, row0: gl.constexpr, ROWS: gl.constexpr, D_V: gl.c
 
 
 @gluon.jit
+def _stage_tile(kv_nope, kv_raw, kv_scale, ready, s, phase, IS_FP8: gl.constexpr,
+                BLOCK_N: gl.constexpr, DEQ_ROWS: gl.constexpr, D_V: gl.constexpr,
+                deq_l: gl.constexpr):
+    """The consumers' K / V tile of stage ``s`` once it has landed (``ready`` at ``phase``),
+    fenced for the tensor cores: bf16 rows as copied (``kv_nope[s]``); fp8 rows dequantized by
+    both warpgroups from the stage into the one bf16 tile ``kv_nope[0]`` (free: the previous
+    tile's MMAs are done), ``DEQ_ROWS`` rows at a time, then a partition barrier."""
+    mbarrier.wait(ready.index(s), phase)
+    fence_async_shared()        # the producer's copies, for the tensor cores
+    if IS_FP8:
+        kn = kv_nope.index(0)
+        for c in gl.static_range(BLOCK_N // DEQ_ROWS):
+            kn.slice(c * DEQ_ROWS, DEQ_ROWS).store(
+                _dequant_rows(kv_raw.index(s), kv_scale.index(s), c * DEQ_ROWS, DEQ_ROWS, D_V,
+                              deq_l))
+        fence_async_shared()
+        _partition_barrier()
+    else:
+        kn = kv_nope.index(s)
+    return kn
+
+
+@gluon.jit
 def _producer(q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
               scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
               idx_ptr, stride_ib,
@@ -274,20 +297,8 @@ def _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
         n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
         valid = (idx >= 0) & (idx < num_slots)
 
-        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-        fence_async_shared()        # the producer's copies, for the tensor cores
-        if IS_FP8:
-            # fp8 rows: both warpgroups dequantize the stage's bytes into the one bf16 tile
-            # (free: the previous tile's MMAs are done) and fence it for the MMAs
-            kn = kv_nope.index(0)
-            for c in gl.static_range(BLOCK_N // DEQ_ROWS):
-                kn.slice(c * DEQ_ROWS, DEQ_ROWS).store(
-                    _dequant_rows(kv_raw.index(s), kv_scale.index(s), c * DEQ_ROWS, DEQ_ROWS,
-                                  D_V, deq_l))
-            fence_async_shared()
-            _partition_barrier()
-        else:
-            kn = kv_nope.index(s)
+        kn = _stage_tile(kv_nope, kv_raw, kv_scale, ready, s, (i // STAGES) & 1, IS_FP8,
+                         BLOCK_N, DEQ_ROWS, D_V, deq_l)
         sc = warpgroup_mma(q_nope, kn.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         sc = warpgroup_mma(q_rope, kv_rope.index(s).permute((1, 0)), sc, is_async=True)
         sc = warpgroup_mma_wait(0, deps=[sc])
@@ -374,18 +385,8 @@ def _consumer_t(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stri
         n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
         valid = (idx >= 0) & (idx < num_slots)
 
-        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-        fence_async_shared()        # the producer's copies, for the tensor cores
-        if IS_FP8:
-            kn = kv_nope.index(0)
-            for c in gl.static_range(BLOCK_N // DEQ_ROWS):
-                kn.slice(c * DEQ_ROWS, DEQ_ROWS).store(
-                    _dequant_rows(kv_raw.index(s), kv_scale.index(s), c * DEQ_ROWS, DEQ_ROWS,
-                                  D_V, deq_l))
-            fence_async_shared()
-            _partition_barrier()
-        else:
-            kn = kv_nope.index(s)
+        kn = _stage_tile(kv_nope, kv_raw, kv_scale, ready, s, (i // STAGES) & 1, IS_FP8,
+                         BLOCK_N, DEQ_ROWS, D_V, deq_l)
         sc = warpgroup_mma(kn, q_nope.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         sc = warpgroup_mma(kv_rope.index(s), q_rope.permute((1, 0)), sc, is_async=True)
         sc = warpgroup_mma_wait(0, deps=[sc])
