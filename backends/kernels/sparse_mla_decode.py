@@ -337,7 +337,10 @@ def _sparse_mla_decode_combine(
     lse_ptr, stride_lb,                     # lse [B, H] fp32
     H, num_splits,
     D_V: tl.constexpr, D_V_PAD: tl.constexpr, S_PAD: tl.constexpr,
+    WAIT_PRIOR: tl.constexpr = False,
 ):
+    if WAIT_PRIOR:       # launched with launch_pdl: the decode's partials first (GPU only)
+        tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)                  # = b * H + h
     b = pid // H
     h = pid % H
@@ -657,18 +660,23 @@ def plan_splits(q: torch.Tensor, top_k: int, num_slots: int, d_v: int, block_h: 
 
 
 def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor,
-                   lse: torch.Tensor) -> None:
+                   lse: torch.Tensor, *, pdl: bool = False) -> None:
     """Merges per-split partials ``part_o [B, H, S, d_v]`` (normalised o) and ``part_lse
     [B, H, S]`` (natural log, -inf for an empty split), fp32 contiguous, into ``out [B, H, d_v]``
-    bf16 and ``lse [B, H]`` fp32 (``+inf`` and 0 where every split is empty)."""
+    bf16 and ``lse [B, H]`` fp32 (``+inf`` and 0 where every split is empty). ``pdl`` (CUDA
+    only; ignored by the interpreter): launched as a programmatic dependent of the kernel that
+    wrote the partials (every program waits for that grid's writes first), so its launch
+    overlaps that kernel's end."""
     bsz, num_heads, num_splits, d_v = part_o.shape
+    pdl = bool(pdl) and part_o.device.type == "cuda" and not _interpreting()
+    extra = dict(WAIT_PRIOR=True, launch_pdl=True) if pdl else {}
     _sparse_mla_decode_combine[(bsz * num_heads,)](
         part_o, part_lse,
         out, out.stride(0), out.stride(1),
         lse, lse.stride(0),
         num_heads, num_splits,
         D_V=d_v, D_V_PAD=triton.next_power_of_2(d_v), S_PAD=triton.next_power_of_2(num_splits),
-        num_warps=4,
+        num_warps=4, **extra,
     )
 
 

@@ -96,6 +96,10 @@ _DEQ_ROWS = 32
 #: 64 rows 110.5 us against 111.9 for 32 at B128 H16; with the swizzled stages 104.0 against
 #: 106.1, BENCHMARKS 6p)
 _DEQ_ROWS_T = 64
+#: A/B switches (device call c1): the score MMA's rope part issued before the fp8 tile is
+#: dequantized, and the split combine launched as a programmatic dependent of the decode
+_ROPE_FIRST = True
+_PDL_COMBINE = True
 #: registers per thread of the whole program: 12 warps x 32 x 168 <= 64 K; the consumers get
 #: (168 * 12 - 48 * 4) / 8 = 228 rounded down to setmaxnreg's multiple of 8: 224 (the PTX's
 #: setmaxnreg). ptxas 12.8 (Triton 3.6) for sm_90a: no spills for bf16 rows, 20 bytes for
@@ -172,13 +176,14 @@ def _dequant_rows(raw, scales, row0: gl.constexpr, ROWS: gl.constexpr, D_V: gl.c
 @gluon.jit
 def _stage_tile(kv_nope, kv_raw, kv_scale, ready, s, phase, IS_FP8: gl.constexpr,
                 BLOCK_N: gl.constexpr, DEQ_ROWS: gl.constexpr, D_V: gl.constexpr,
-                deq_l: gl.constexpr):
+                deq_l: gl.constexpr, WAIT: gl.constexpr = True):
     """The consumers' K / V tile of stage ``s`` once it has landed (``ready`` at ``phase``),
     fenced for the tensor cores: bf16 rows as copied (``kv_nope[s]``); fp8 rows dequantized by
     both warpgroups from the stage into the one bf16 tile ``kv_nope[0]`` (free: the previous
     tile's MMAs are done), ``DEQ_ROWS`` rows at a time, then a partition barrier."""
-    mbarrier.wait(ready.index(s), phase)
-    fence_async_shared()        # the producer's copies, for the tensor cores
+    if WAIT:
+        mbarrier.wait(ready.index(s), phase)
+        fence_async_shared()        # the producer's copies, for the tensor cores
     if IS_FP8:
         kn = kv_nope.index(0)
         for c in gl.static_range(BLOCK_N // DEQ_ROWS):
@@ -270,7 +275,7 @@ def _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
                  q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, q_bar, ready, empty,
                  D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, SPLIT: gl.constexpr, IS_FP8: gl.constexpr,
-                 DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr):
+                 DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr, ROPE_FIRST: gl.constexpr):
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                   instr_shape=[16, BLOCK_N // 2, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
@@ -297,10 +302,19 @@ def _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
         n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
         valid = (idx >= 0) & (idx < num_slots)
 
-        kn = _stage_tile(kv_nope, kv_raw, kv_scale, ready, s, (i // STAGES) & 1, IS_FP8,
-                         BLOCK_N, DEQ_ROWS, D_V, deq_l)
-        sc = warpgroup_mma(q_nope, kn.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        sc = warpgroup_mma(q_rope, kv_rope.index(s).permute((1, 0)), sc, is_async=True)
+        if ROPE_FIRST:
+            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+            fence_async_shared()
+            sc = warpgroup_mma(q_rope, kv_rope.index(s).permute((1, 0)), s_zero, use_acc=False,
+                               is_async=True)
+            kn = _stage_tile(kv_nope, kv_raw, kv_scale, ready, s, (i // STAGES) & 1, IS_FP8,
+                             BLOCK_N, DEQ_ROWS, D_V, deq_l, False)
+            sc = warpgroup_mma(q_nope, kn.permute((1, 0)), sc, is_async=True)
+        else:
+            kn = _stage_tile(kv_nope, kv_raw, kv_scale, ready, s, (i // STAGES) & 1, IS_FP8,
+                             BLOCK_N, DEQ_ROWS, D_V, deq_l)
+            sc = warpgroup_mma(q_nope, kn.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            sc = warpgroup_mma(q_rope, kv_rope.index(s).permute((1, 0)), sc, is_async=True)
         sc = warpgroup_mma_wait(0, deps=[sc])
 
         sc = gl.where(valid[None, :], sc * qk_scale_log2, float("-inf"))
@@ -355,7 +369,7 @@ def _consumer_t(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stri
                 q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, p_t, q_bar, ready, empty,
                 D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
                 STAGES: gl.constexpr, SPLIT: gl.constexpr, IS_FP8: gl.constexpr,
-                DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr):
+                DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr, ROPE_FIRST: gl.constexpr):
     """The consumers for few heads (``BLOCK_H`` 16 or 32: a TP8 or TP4 shard of
     DeepSeek-V3.2's 128), everything transposed so that the tile's 64 tokens are the wgmma M:
     ``S^T = k q^T`` ``[BLOCK_N, BLOCK_H]`` and ``O^T += V^T P^T`` ``[D_V, BLOCK_H]``, warps laid
@@ -385,10 +399,19 @@ def _consumer_t(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stri
         n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
         valid = (idx >= 0) & (idx < num_slots)
 
-        kn = _stage_tile(kv_nope, kv_raw, kv_scale, ready, s, (i // STAGES) & 1, IS_FP8,
-                         BLOCK_N, DEQ_ROWS, D_V, deq_l)
-        sc = warpgroup_mma(kn, q_nope.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        sc = warpgroup_mma(kv_rope.index(s), q_rope.permute((1, 0)), sc, is_async=True)
+        if ROPE_FIRST:
+            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+            fence_async_shared()
+            sc = warpgroup_mma(kv_rope.index(s), q_rope.permute((1, 0)), s_zero, use_acc=False,
+                               is_async=True)
+            kn = _stage_tile(kv_nope, kv_raw, kv_scale, ready, s, (i // STAGES) & 1, IS_FP8,
+                             BLOCK_N, DEQ_ROWS, D_V, deq_l, False)
+            sc = warpgroup_mma(kn, q_nope.permute((1, 0)), sc, is_async=True)
+        else:
+            kn = _stage_tile(kv_nope, kv_raw, kv_scale, ready, s, (i // STAGES) & 1, IS_FP8,
+                             BLOCK_N, DEQ_ROWS, D_V, deq_l)
+            sc = warpgroup_mma(kn, q_nope.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            sc = warpgroup_mma(kv_rope.index(s), q_rope.permute((1, 0)), sc, is_async=True)
         sc = warpgroup_mma_wait(0, deps=[sc])
 
         sc = gl.where(valid[:, None], sc * qk_scale_log2, float("-inf"))
@@ -436,7 +459,8 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
               q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, p_t, q_bar, ready, empty,
               D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, SPLIT: gl.constexpr, IS_FP8: gl.constexpr,
-              DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr, TRANSPOSED: gl.constexpr):
+              DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr, TRANSPOSED: gl.constexpr,
+              ROPE_FIRST: gl.constexpr):
     """The consumer partition: 64-head programs (:func:`_consumer_64`) or, for fewer heads,
     the transposed ones (:func:`_consumer_t`)."""
     if TRANSPOSED:
@@ -444,13 +468,13 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
                     part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
                     num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
                     kv_scale, p_t, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT,
-                    IS_FP8, DEQ_ROWS, deq_l)
+                    IS_FP8, DEQ_ROWS, deq_l, ROPE_FIRST)
     else:
         _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
                      part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
                      num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
                      kv_scale, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT,
-                     IS_FP8, DEQ_ROWS, deq_l)
+                     IS_FP8, DEQ_ROWS, deq_l, ROPE_FIRST)
 
 
 @gluon.jit
@@ -471,7 +495,12 @@ def _sparse_mla_decode_ws_fwd(
         IS_FP8: gl.constexpr, RAW_LAYOUT: gl.constexpr, SCALE_LAYOUT: gl.constexpr,
         DEQ_ROWS: gl.constexpr, DEQ_LAYOUT: gl.constexpr, RAW_SMEM: gl.constexpr,
         SCALE_SMEM: gl.constexpr, TRANSPOSED: gl.constexpr,
-        P_COLS: gl.constexpr):
+        P_COLS: gl.constexpr, ROPE_FIRST: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr):
+    if LAUNCH_DEPENDENTS:
+        # programmatic dependent launch: the split combine (launched with launch_pdl, waiting
+        # for this grid's writes before it reads them) may start launching now
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [],
+                                  dtype=gl.int32, is_pure=False, pack=1)
     pid = gl.program_id(0)
     hb = pid % num_head_blocks
     rest = pid // num_head_blocks
@@ -516,7 +545,7 @@ def _sparse_mla_decode_ws_fwd(
                      part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
                      num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
                      kv_scale, p_t, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT,
-                     IS_FP8, DEQ_ROWS, DEQ_LAYOUT, TRANSPOSED)),
+                     IS_FP8, DEQ_ROWS, DEQ_LAYOUT, TRANSPOSED, ROPE_FIRST)),
         (_producer, (q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
                      scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
                      idx_ptr, stride_ib,
@@ -636,7 +665,7 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
         num_warps=8, maxnreg=_MAXNREG,
     )
     if num_splits > 1:
-        combine_splits(part_o, part_lse, out, lse)
+        combine_splits(part_o, part_lse, out, lse, pdl=_PDL_COMBINE)
     n_regs, n_spills = getattr(kernel, "n_regs", None), getattr(kernel, "n_spills", None)
     return out, lse, replace(info, n_regs=None if n_regs is None else int(n_regs),
                              n_spills=None if n_spills is None else int(n_spills),
@@ -658,6 +687,7 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
     tpw_g = min(4, g)
     return dict(D_V=d_v, D_ROPE=d_rope, BLOCK_H=block_h, BLOCK_N=WS_BLOCK_N, STAGES=stages,
                 TRANSPOSED=block_h < WS_BLOCK_H,
+                ROPE_FIRST=_ROPE_FIRST, LAUNCH_DEPENDENTS=split and _PDL_COMBINE,
                 P_COLS=block_h if block_h < WS_BLOCK_H else 8,
                 ROWS=_ROWS[kind], SPLIT=split, PRODUCER_WARPS=_PRODUCER_WARPS,
                 PRODUCER_REGS=_PRODUCER_REGS[kind], IS_FP8=kind == "fp8_ds_mla",
