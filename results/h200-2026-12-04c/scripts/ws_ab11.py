@@ -14,7 +14,6 @@ import sys
 
 import torch
 
-from backends.kernels import sparse_mla_decode as smd
 from backends.kernels import sparse_mla_decode_ws as ws
 from backends.kernels.flashmla_peer import flashmla_attention
 from harness.bench.attention import LSE_TOL, SM_SCALE, DecodeProblem, Pool
@@ -84,7 +83,7 @@ for kv in ("fp8_ds_mla", "bf16"):
                 if kept:
                     a = kept["args"]
                     timed(kv, b, h, f"combine_s{a[0].shape[2]}",
-                          lambda: (smd.combine_splits(*a), a[2:])[1], prob, check=False)
+                          lambda: (real_combine(*a), a[2:])[1], prob, check=False)
     del pool, probs
     torch.cuda.empty_cache()
 ws._ROPE_FIRST, ws._PDL_COMBINE = True, True
