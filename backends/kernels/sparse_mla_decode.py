@@ -336,9 +336,11 @@ def _sparse_mla_decode_combine(
     out_ptr, stride_ob, stride_oh,          # out [B, H, D_V] bf16
     lse_ptr, stride_lb,                     # lse [B, H] fp32
     H, num_splits,
-    D_V: tl.constexpr, D_V_PAD: tl.constexpr, S_PAD: tl.constexpr,
+    D_V: tl.constexpr, S_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
     WAIT_PRIOR: tl.constexpr = False,
 ):
+    """One program per (batch row x head, ``BLOCK_D`` columns of V): every split's partial of
+    those columns loaded at once (``[S_PAD, BLOCK_D]``), weighted by ``exp(lse_s - max)``."""
     if WAIT_PRIOR:       # launched with launch_pdl: the decode's partials first (GPU only)
         tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)                  # = b * H + h
@@ -346,22 +348,23 @@ def _sparse_mla_decode_combine(
     h = pid % H
     base = pid.to(tl.int64) * num_splits
     offs_s = tl.arange(0, S_PAD)
-    lse_s = tl.load(part_lse_ptr + base + offs_s, mask=offs_s < num_splits, other=float("-inf"))
+    s_ok = offs_s < num_splits
+    offs_v = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    v_ok = offs_v < D_V
+    lse_s = tl.load(part_lse_ptr + base + offs_s, mask=s_ok, other=float("-inf"))
+    o = tl.load(part_o_ptr + (base + offs_s)[:, None] * D_V + offs_v[None, :],
+                mask=s_ok[:, None] & v_ok[None, :], other=0.0)
     m = tl.max(lse_s, 0)
     m_use = tl.where(m == float("-inf"), 0.0, m)
-    total = tl.sum(tl.exp(lse_s - m_use), 0)
-    offs_v = tl.arange(0, D_V_PAD)
-    acc = tl.zeros([D_V_PAD], dtype=tl.float32)
-    for s in range(num_splits):
-        w = tl.exp(tl.load(part_lse_ptr + base + s) - m_use)
-        o = tl.load(part_o_ptr + (base + s) * D_V + offs_v, mask=offs_v < D_V, other=0.0)
-        acc += w * o
+    w = tl.exp(lse_s - m_use)
+    total = tl.sum(w, 0)
     has = total > 0.0
-    out = acc / tl.where(has, total, 1.0)
+    out = tl.sum(w[:, None] * o, 0) / tl.where(has, total, 1.0)
     tl.store(out_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + offs_v,
-             out.to(out_ptr.dtype.element_ty), mask=offs_v < D_V)
-    tl.store(lse_ptr + b.to(tl.int64) * stride_lb + h,
-             tl.where(has, m_use + tl.log(tl.where(has, total, 1.0)), float("inf")))
+             out.to(out_ptr.dtype.element_ty), mask=v_ok)
+    if tl.program_id(1) == 0:
+        tl.store(lse_ptr + b.to(tl.int64) * stride_lb + h,
+                 tl.where(has, m_use + tl.log(tl.where(has, total, 1.0)), float("inf")))
 
 
 def choose_num_splits(batch: int, num_heads: int, top_k: int, *, block_h: int = 64,
@@ -659,6 +662,10 @@ def plan_splits(q: torch.Tensor, top_k: int, num_slots: int, d_v: int, block_h: 
     return out, lse, num_splits, tiles_per_split, part_o, part_lse
 
 
+#: float32 partial values one combine program loads at once (32 a thread at 4 warps)
+_COMBINE_ELEMS = 4096
+
+
 def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor,
                    lse: torch.Tensor, *, pdl: bool = False) -> None:
     """Merges per-split partials ``part_o [B, H, S, d_v]`` (normalised o) and ``part_lse
@@ -670,12 +677,15 @@ def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
     bsz, num_heads, num_splits, d_v = part_o.shape
     pdl = bool(pdl) and part_o.device.type == "cuda" and not _interpreting()
     extra = dict(WAIT_PRIOR=True, launch_pdl=True) if pdl else {}
-    _sparse_mla_decode_combine[(bsz * num_heads,)](
+    s_pad = triton.next_power_of_2(num_splits)
+    # every split's columns at once: at most _COMBINE_ELEMS float32 values a program
+    block_d = max(16, min(triton.next_power_of_2(d_v), _COMBINE_ELEMS // s_pad))
+    _sparse_mla_decode_combine[(bsz * num_heads, triton.cdiv(d_v, block_d))](
         part_o, part_lse,
         out, out.stride(0), out.stride(1),
         lse, lse.stride(0),
         num_heads, num_splits,
-        D_V=d_v, D_V_PAD=triton.next_power_of_2(d_v), S_PAD=triton.next_power_of_2(num_splits),
+        D_V=d_v, S_PAD=s_pad, BLOCK_D=block_d,
         num_warps=4, **extra,
     )
 
