@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from backends.kernels.sparse_mla_decode import choose_num_splits, sparse_mla_decode
+from backends.kernels.sparse_mla_decode import choose_num_splits, combine_splits, sparse_mla_decode
 from backends.kernels.kv_format import make_kv_cache
 from harness.reference import sparse_mla_decode_ref
 
@@ -114,6 +114,32 @@ def test_masked_rows_out_of_range_and_duplicates(device, kv_dtype, num_splits, s
     assert row_rel(ref_d[2], ref_out[2]) > 3 * REL_TOL
     assert row_rel(out[2], ref_out[2]) <= REL_TOL
     assert row_rel(out[2], ref_d[2]) > 2 * REL_TOL
+
+
+@pytest.mark.parametrize("num_splits,d_v", [(3, 512), (32, 512), (64, 192)])
+def test_combine_splits_matches_torch(device, num_splits, d_v):
+    """The split combine against the log-sum-exp merge in float64: split counts that give one
+    and several column blocks a program (32 and 64 splits: 128 and 64 columns), a d_v that is
+    not a power of two, empty splits (-inf) and a row whose splits are all empty."""
+    g = torch.Generator().manual_seed(num_splits)
+    b, h = 2, 3
+    part_o = torch.randn(b, h, num_splits, d_v, generator=g)
+    part_lse = torch.randn(b, h, num_splits, generator=g) * 4
+    part_lse[torch.rand(b, h, num_splits, generator=g) < 0.3] = -math.inf
+    part_lse[1, 2] = -math.inf
+    out = torch.empty(b, h, d_v, dtype=torch.bfloat16)
+    lse = torch.empty(b, h)
+    out, lse = out.to(device), lse.to(device)
+    combine_splits(part_o.to(device), part_lse.to(device), out, lse)
+    w = torch.softmax(part_lse.double(), dim=-1).nan_to_num(0.0)
+    ref = (w[..., None] * part_o.double()).sum(2)
+    ref_lse = torch.logsumexp(part_lse.double(), dim=-1)
+    live = torch.isfinite(ref_lse)
+    assert not live[1, 2] and live.sum() == b * h - 1
+    torch.testing.assert_close(out.cpu().double()[live], ref[live], rtol=1e-2, atol=1e-2)
+    assert torch.all(out.cpu()[1, 2] == 0)
+    torch.testing.assert_close(lse.cpu().double()[live], ref_lse[live], rtol=1e-5, atol=1e-5)
+    assert lse.cpu()[1, 2] == math.inf
 
 
 def test_choose_num_splits():

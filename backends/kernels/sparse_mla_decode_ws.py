@@ -96,9 +96,6 @@ _DEQ_ROWS = 32
 #: 64 rows 110.5 us against 111.9 for 32 at B128 H16; with the swizzled stages 104.0 against
 #: 106.1, BENCHMARKS 6p)
 _DEQ_ROWS_T = 64
-#: A/B switch (device calls c1-c3): the split combine launched as a programmatic dependent of
-#: the decode, which triggers it first thing
-_PDL_COMBINE = True
 #: registers per thread of the whole program: 12 warps x 32 x 168 <= 64 K; the consumers get
 #: (168 * 12 - 48 * 4) / 8 = 228 rounded down to setmaxnreg's multiple of 8: 224 (the PTX's
 #: setmaxnreg). ptxas 12.8 (Triton 3.6) for sm_90a: no spills for bf16 rows, 20 bytes for
@@ -478,12 +475,7 @@ def _sparse_mla_decode_ws_fwd(
         IS_FP8: gl.constexpr, RAW_LAYOUT: gl.constexpr, SCALE_LAYOUT: gl.constexpr,
         DEQ_ROWS: gl.constexpr, DEQ_LAYOUT: gl.constexpr, RAW_SMEM: gl.constexpr,
         SCALE_SMEM: gl.constexpr, TRANSPOSED: gl.constexpr,
-        P_COLS: gl.constexpr, LAUNCH_DEPENDENTS: gl.constexpr):
-    if LAUNCH_DEPENDENTS:
-        # programmatic dependent launch: the split combine (launched with launch_pdl, waiting
-        # for this grid's writes before it reads them) may start launching now
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [],
-                                  dtype=gl.int32, is_pure=False, pack=1)
+        P_COLS: gl.constexpr):
     pid = gl.program_id(0)
     hb = pid % num_head_blocks
     rest = pid // num_head_blocks
@@ -648,7 +640,7 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
         num_warps=8, maxnreg=_MAXNREG,
     )
     if num_splits > 1:
-        combine_splits(part_o, part_lse, out, lse, pdl=_PDL_COMBINE)
+        combine_splits(part_o, part_lse, out, lse)
     n_regs, n_spills = getattr(kernel, "n_regs", None), getattr(kernel, "n_spills", None)
     return out, lse, replace(info, n_regs=None if n_regs is None else int(n_regs),
                              n_spills=None if n_spills is None else int(n_spills),
@@ -670,7 +662,6 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
     tpw_g = min(4, g)
     return dict(D_V=d_v, D_ROPE=d_rope, BLOCK_H=block_h, BLOCK_N=WS_BLOCK_N, STAGES=stages,
                 TRANSPOSED=block_h < WS_BLOCK_H,
-                LAUNCH_DEPENDENTS=split and _PDL_COMBINE,
                 P_COLS=block_h if block_h < WS_BLOCK_H else 8,
                 ROWS=_ROWS[kind], SPLIT=split, PRODUCER_WARPS=_PRODUCER_WARPS,
                 PRODUCER_REGS=_PRODUCER_REGS[kind], IS_FP8=kind == "fp8_ds_mla",
