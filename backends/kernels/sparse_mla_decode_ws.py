@@ -107,6 +107,9 @@ _MAXNREG = 168
 #: (168 * 12 - 224 * 4 - 48 * 4) / 4 = 232)
 _PAIRED_FP8_16 = True
 _PAIR_REGS = 224
+#: the producer's L2 prefetch of the rows this many tiles ahead of their copies (0: none; A/B
+#: switch for the GPU call c6)
+_PREFETCH_TILES = 0
 #: dynamic shared memory a program may have on the H200: 227 KB less the 1 KB of static shared
 #: memory ptxas gives the kernel, less 2 KB for the compiler's scratch and the mbarriers
 _SMEM_BUDGET = 227 * 1024 - 1024 - 2048
@@ -196,6 +199,23 @@ def _stage_tile(kv_nope, kv_raw, kv_scale, s, IS_FP8: gl.constexpr, BLOCK_N: gl.
 
 
 @gluon.jit
+def _prefetch_rows(kv_ptr, stride_kv, idx, ROW_ELEMS: gl.constexpr, LINE_ELEMS: gl.constexpr,
+                   NL: gl.constexpr, pf_l: gl.constexpr):
+    """L2 prefetches (``prefetch.global.L2``, no register result) of every 128-byte line of
+    the rows ``idx [R]`` (int32 in ``SliceLayout(1, pf_l)``; < 0: none) of ``kv_ptr`` (rows of
+    ``ROW_ELEMS`` elements, ``LINE_ELEMS`` to a line, ``NL`` a power of two > the lines a row
+    spans)."""
+    c = gl.arange(0, NL, layout=gl.SliceLayout(0, pf_l))
+    off = gl.minimum(c * LINE_ELEMS, ROW_ELEMS - 1)
+    ok = idx >= 0
+    ptrs = kv_ptr + (gl.where(ok, idx, 0).to(gl.int64) * stride_kv)[:, None] + off[None, :]
+    on = ok[:, None] & (c * LINE_ELEMS < ROW_ELEMS + LINE_ELEMS)[None, :]
+    gl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+        "=r,l,r", [ptrs, on.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _rope_of(kv_nope, kv_rope, s, PAIRED: gl.constexpr, D_ROPE: gl.constexpr):
     """Stage ``s``'s rope tile ``[BLOCK_N, D_ROPE]`` bf16: its own buffer, or (``PAIRED``) the
     first ``D_ROPE`` columns of the stage's bf16 tile, which the dequantization overwrites once
@@ -230,7 +250,8 @@ def _producer(q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
               D_V: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
               BLOCK_N: gl.constexpr, ROWS: gl.constexpr, STAGES: gl.constexpr,
               WARPS: gl.constexpr, IS_FP8: gl.constexpr, raw_l: gl.constexpr,
-              scale_l: gl.constexpr, PAIRED: gl.constexpr, RAW_SMEM: gl.constexpr):
+              scale_l: gl.constexpr, PAIRED: gl.constexpr, RAW_SMEM: gl.constexpr,
+              PREFETCH: gl.constexpr, PF_LINES: gl.constexpr):
     nope_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])
     rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
     ids_l: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
@@ -249,6 +270,18 @@ def _producer(q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
     fence_async_shared()
     _partition_barrier()
     mbarrier.arrive(q_bar, count=1)
+    # rows read from L2 ahead of their copies: PREFETCH tiles ahead (their ids one more ahead)
+    if IS_FP8:
+        ROW_ELEMS: gl.constexpr = D_V + (D_V // 128) * 4 + D_ROPE * 2      # bytes
+        LINE_ELEMS: gl.constexpr = 128
+    else:
+        ROW_ELEMS: gl.constexpr = D_V + D_ROPE                             # bf16 values
+        LINE_ELEMS: gl.constexpr = 64
+    pf_l: gl.constexpr = gl.BlockedLayout([1, 1], [32 // PF_LINES, PF_LINES], [WARPS, 1], [1, 0])
+    pf_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, pf_l))
+    if PREFETCH > 0:
+        pf_on = (t_begin + PREFETCH) * BLOCK_N + pf_n
+        pf_next = gl.load(idx_row + pf_on, mask=pf_on < lim, other=-1)
     # ---- the KV tiles of this split: each tile's slot ids come from shared memory, copied
     # one tile ahead (their load latency off the gather's path); the rows' copies arrive on
     # the stage's ready barrier when they land, so the next tile's go out at once ----
@@ -261,6 +294,12 @@ def _producer(q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
         _partition_barrier()
         _copy_ids(ids.index((i + 1) % 2), idx_row, t + 1, lim, BLOCK_N, ids_l)
         async_copy.commit_group()
+        if PREFETCH > 0:
+            pf_cur = pf_next
+            pf_on = (t + PREFETCH + 1) * BLOCK_N + pf_n
+            pf_next = gl.load(idx_row + pf_on, mask=pf_on < lim, other=-1)
+            _prefetch_rows(kv_ptr, stride_kv, gl.where(pf_cur < num_slots, pf_cur, -1),
+                           ROW_ELEMS, LINE_ELEMS, PF_LINES, pf_l)
         mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
         if IS_FP8:
             on = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, scale_l))
@@ -636,7 +675,8 @@ def _sparse_mla_decode_ws_fwd(
         IS_FP8: gl.constexpr, RAW_LAYOUT: gl.constexpr, SCALE_LAYOUT: gl.constexpr,
         DEQ_ROWS: gl.constexpr, DEQ_LAYOUT: gl.constexpr, RAW_SMEM: gl.constexpr,
         SCALE_SMEM: gl.constexpr, TRANSPOSED: gl.constexpr,
-        P_COLS: gl.constexpr, PAIRED: gl.constexpr, PAIR_REGS: gl.constexpr):
+        P_COLS: gl.constexpr, PAIRED: gl.constexpr, PAIR_REGS: gl.constexpr,
+        PREFETCH: gl.constexpr, PF_LINES: gl.constexpr):
     pid = gl.program_id(0)
     hb = pid % num_head_blocks
     rest = pid // num_head_blocks
@@ -689,7 +729,7 @@ def _sparse_mla_decode_ws_fwd(
                          idx_ptr, stride_ib, b, h0, H, t_begin, t_end, lim, num_slots,
                          q_nope, q_rope, kv_nope, kv_nope, kv_nope, kv_scale, ids, q_bar, ready,
                          empty, D_V, D_ROPE, BLOCK_H, BLOCK_N, ROWS, STAGES, PRODUCER_WARPS,
-                         IS_FP8, RAW_LAYOUT, SCALE_LAYOUT, True, RAW_SMEM)),
+                         IS_FP8, RAW_LAYOUT, SCALE_LAYOUT, True, RAW_SMEM, PREFETCH, PF_LINES)),
         ], [4, PRODUCER_WARPS], [PAIR_REGS, PRODUCER_REGS])
     else:
         kv_rope = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D_ROPE], sh)
@@ -718,7 +758,7 @@ def _sparse_mla_decode_ws_fwd(
                          idx_ptr, stride_ib, b, h0, H, t_begin, t_end, lim, num_slots,
                          q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, ids, q_bar, ready,
                          empty, D_V, D_ROPE, BLOCK_H, BLOCK_N, ROWS, STAGES, PRODUCER_WARPS,
-                         IS_FP8, RAW_LAYOUT, SCALE_LAYOUT, False, RAW_SMEM)),
+                         IS_FP8, RAW_LAYOUT, SCALE_LAYOUT, False, RAW_SMEM, PREFETCH, PF_LINES)),
         ], [PRODUCER_WARPS], [PRODUCER_REGS])
 
 
@@ -850,6 +890,14 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
                              smem_bytes=getattr(getattr(kernel, "metadata", None), "shared", None))
 
 
+def _row_lines(kind: str, d_v: int, d_rope: int) -> int:
+    """More than the 128-byte lines one KV row can span, as a power of two <= 32 (the
+    prefetch's columns; fp8_ds_mla rows: d_v bytes, d_v / 128 float32 scales, the bf16 rope
+    part; bf16 rows: 2 (d_v + d_rope) bytes)."""
+    row_bytes = d_v + d_v // 32 + 2 * d_rope if kind == "fp8_ds_mla" else 2 * (d_v + d_rope)
+    return min(32, 1 << (row_bytes // 128 + 1).bit_length())
+
+
 def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
                 block_h: int = WS_BLOCK_H) -> dict:
     """The kernel's compile-time arguments for KV rows of ``kind``: the fp8 layouts cover a
@@ -866,6 +914,8 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
     return dict(D_V=d_v, D_ROPE=d_rope, BLOCK_H=block_h, BLOCK_N=WS_BLOCK_N, STAGES=stages,
                 TRANSPOSED=block_h < WS_BLOCK_H,
                 PAIRED=paired(kind, d_v, block_h, stages), PAIR_REGS=_PAIR_REGS,
+                PREFETCH=_PREFETCH_TILES,
+                PF_LINES=_row_lines(kind, d_v, d_rope),
                 P_COLS=block_h if block_h < WS_BLOCK_H else 8,
                 ROWS=_ROWS[kind], SPLIT=split, PRODUCER_WARPS=_PRODUCER_WARPS,
                 PRODUCER_REGS=_PRODUCER_REGS[kind], IS_FP8=kind == "fp8_ds_mla",
