@@ -207,35 +207,6 @@ def test_other_widths_and_a_partial_tile():
     assert torch.all(out == 0) and torch.all(lse == math.inf)
 
 
-@pytest.mark.gpu
-@hopper
-@pytest.mark.parametrize("h", [8, 16])
-def test_paired_fp8_programs_match_reference(h):
-    """fp8 rows in 16-head programs run two one-warpgroup consumers on alternate tiles,
-    dequantizing in place (``paired``): tile counts a program of 1 to 7 (odd and even: the
-    merge takes warpgroup 1's last stage, or an unused one when it has no tile), split and
-    not, a fully masked row, a row whose first tile is all masked; the same numbers as the
-    unpaired kernel within the tolerance."""
-    from backends.kernels import sparse_mla_decode_ws as ws
-    dev = torch.device("cuda")
-    for k, splits in ((50, 1), (128, 1), (150, 1), (256, 1), (448, 1), (448, 3), (2048, None)):
-        q, kv, idx = _inputs(200 + k, b=4, h=h, d_v=512, d_rope=64, k=k, num_slots=70000,
-                             device=dev)
-        idx[3] = -1
-        idx[2, :64] = -1
-        cache = make_kv_cache(kv, "fp8_ds_mla", d_nope=512)
-        assert ws.paired("fp8_ds_mla", 512, block_heads(h, "fp8_ds_mla"))
-        out, lse, info = _check(q, cache, idx, 512, "fp8_ds_mla", num_splits=splits)
-        assert info.num_stages == 3 and torch.all(out[3] == 0) and torch.all(lse[3] == math.inf)
-        default = ws._PAIRED_FP8_16
-        ws._PAIRED_FP8_16 = False
-        try:
-            unpaired = _check(q, cache, idx, 512, "fp8_ds_mla", num_splits=splits)[0]
-        finally:
-            ws._PAIRED_FP8_16 = default
-        assert ((out.float() - unpaired.float()).norm() / unpaired.float().norm()).item() <= REL_TOL
-
-
 def test_attention_switch_names_the_limit():
     """``attention_kernel=triton_ws`` is checked when a backend resolves it, before any
     timing: off Hopper it is a BackendInvalid naming why."""

@@ -101,15 +101,6 @@ _DEQ_ROWS_T = 64
 #: setmaxnreg). ptxas 12.8 (Triton 3.6) for sm_90a: no spills for bf16 rows, 20 bytes for
 #: fp8_ds_mla rows (the consumers' dequantization)
 _MAXNREG = 168
-#: fp8_ds_mla rows at d_v 512 in 16-head programs: two consumer partitions of one warpgroup
-#: each, every other tile, dequantized in place (:func:`_consumer_pair`; A/B switch for the
-#: GPU calls c5-); the second consumer's registers a thread (the first gets the rest:
-#: (168 * 12 - 224 * 4 - 48 * 4) / 4 = 232)
-_PAIRED_FP8_16 = True
-_PAIR_REGS = 224
-#: the producer's L2 prefetch of the rows this many tiles ahead of their copies (0: none; A/B
-#: switch for the GPU call c6)
-_PREFETCH_TILES = 0
 #: dynamic shared memory a program may have on the H200: 227 KB less the 1 KB of static shared
 #: memory ptxas gives the kernel, less 2 KB for the compiler's scratch and the mbarriers
 _SMEM_BUDGET = 227 * 1024 - 1024 - 2048
@@ -199,49 +190,6 @@ def _stage_tile(kv_nope, kv_raw, kv_scale, s, IS_FP8: gl.constexpr, BLOCK_N: gl.
 
 
 @gluon.jit
-def _prefetch_rows(kv_ptr, stride_kv, idx, ROW_ELEMS: gl.constexpr, LINE_ELEMS: gl.constexpr,
-                   NL: gl.constexpr, pf_l: gl.constexpr):
-    """L2 prefetches (``prefetch.global.L2``, no register result) of every 128-byte line of
-    the rows ``idx [R]`` (int32 in ``SliceLayout(1, pf_l)``; < 0: none) of ``kv_ptr`` (rows of
-    ``ROW_ELEMS`` elements, ``LINE_ELEMS`` to a line, ``NL`` a power of two > the lines a row
-    spans)."""
-    c = gl.arange(0, NL, layout=gl.SliceLayout(0, pf_l))
-    off = gl.minimum(c * LINE_ELEMS, ROW_ELEMS - 1)
-    ok = idx >= 0
-    ptrs = kv_ptr + (gl.where(ok, idx, 0).to(gl.int64) * stride_kv)[:, None] + off[None, :]
-    on = ok[:, None] & (c * LINE_ELEMS < ROW_ELEMS + LINE_ELEMS)[None, :]
-    gl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-        "=r,l,r", [ptrs, on.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _rope_of(kv_nope, kv_rope, s, PAIRED: gl.constexpr, D_ROPE: gl.constexpr):
-    """Stage ``s``'s rope tile ``[BLOCK_N, D_ROPE]`` bf16: its own buffer, or (``PAIRED``) the
-    first ``D_ROPE`` columns of the stage's bf16 tile, which the dequantization overwrites once
-    the rope MMA is done (:func:`_consumer_pair`)."""
-    if PAIRED:
-        r = kv_nope.index(s).slice(0, D_ROPE, dim=1)
-    else:
-        r = kv_rope.index(s)
-    return r
-
-
-@gluon.jit
-def _raw_of(kv_nope, kv_raw, s, PAIRED: gl.constexpr, D_V: gl.constexpr, BLOCK_N: gl.constexpr,
-            RAW_SMEM: gl.constexpr):
-    """Stage ``s``'s fp8 bytes ``[BLOCK_N, D_V / 128, 128]`` uint8: their own buffer, or
-    (``PAIRED``) the upper half of the stage's bf16 tile (its last ``D_V / 2`` columns: the
-    bytes ``[64 D_V, 128 D_V)``, dequantized in place by :func:`_consumer_pair`)."""
-    if PAIRED:
-        r = kv_nope.index(s).slice(D_V // 2, D_V // 2, dim=1)._reinterpret(
-            gl.uint8, [BLOCK_N, D_V // 128, 128], RAW_SMEM)
-    else:
-        r = kv_raw.index(s)
-    return r
-
-
-@gluon.jit
 def _producer(q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
               scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
               idx_ptr, stride_ib,
@@ -250,8 +198,7 @@ def _producer(q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
               D_V: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
               BLOCK_N: gl.constexpr, ROWS: gl.constexpr, STAGES: gl.constexpr,
               WARPS: gl.constexpr, IS_FP8: gl.constexpr, raw_l: gl.constexpr,
-              scale_l: gl.constexpr, PAIRED: gl.constexpr, RAW_SMEM: gl.constexpr,
-              PREFETCH: gl.constexpr, PF_LINES: gl.constexpr):
+              scale_l: gl.constexpr):
     nope_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])
     rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
     ids_l: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
@@ -270,18 +217,6 @@ def _producer(q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
     fence_async_shared()
     _partition_barrier()
     mbarrier.arrive(q_bar, count=1)
-    # rows read from L2 ahead of their copies: PREFETCH tiles ahead (their ids one more ahead)
-    if IS_FP8:
-        ROW_ELEMS: gl.constexpr = D_V + (D_V // 128) * 4 + D_ROPE * 2      # bytes
-        LINE_ELEMS: gl.constexpr = 128
-    else:
-        ROW_ELEMS: gl.constexpr = D_V + D_ROPE                             # bf16 values
-        LINE_ELEMS: gl.constexpr = 64
-    pf_l: gl.constexpr = gl.BlockedLayout([1, 1], [32 // PF_LINES, PF_LINES], [WARPS, 1], [1, 0])
-    pf_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, pf_l))
-    if PREFETCH > 0:
-        pf_on = (t_begin + PREFETCH) * BLOCK_N + pf_n
-        pf_next = gl.load(idx_row + pf_on, mask=pf_on < lim, other=-1)
     # ---- the KV tiles of this split: each tile's slot ids come from shared memory, copied
     # one tile ahead (their load latency off the gather's path); the rows' copies arrive on
     # the stage's ready barrier when they land, so the next tile's go out at once ----
@@ -294,12 +229,6 @@ def _producer(q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
         _partition_barrier()
         _copy_ids(ids.index((i + 1) % 2), idx_row, t + 1, lim, BLOCK_N, ids_l)
         async_copy.commit_group()
-        if PREFETCH > 0:
-            pf_cur = pf_next
-            pf_on = (t + PREFETCH + 1) * BLOCK_N + pf_n
-            pf_next = gl.load(idx_row + pf_on, mask=pf_on < lim, other=-1)
-            _prefetch_rows(kv_ptr, stride_kv, gl.where(pf_cur < num_slots, pf_cur, -1),
-                           ROW_ELEMS, LINE_ELEMS, PF_LINES, pf_l)
         mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
         if IS_FP8:
             on = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, scale_l))
@@ -312,12 +241,11 @@ def _producer(q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
                            -1)
             ok = (idx >= 0) & (idx < num_slots)
             idx = gl.where(ok, idx, -1)
-            _copy_rows(_rope_of(kv_nope, kv_rope, s, PAIRED, D_ROPE).slice(c * ROWS, ROWS), rope_ptr,
+            _copy_rows(kv_rope.index(s).slice(c * ROWS, ROWS), rope_ptr,
                        gl.where(ok, idx, 0).to(gl.int64), ok, stride_rope, rope_off, D_ROPE,
                        rope_l, 8)
             if IS_FP8:
-                _copy_fp8_nope(_raw_of(kv_nope, kv_raw, s, PAIRED, D_V, BLOCK_N,
-                                       RAW_SMEM).slice(c * ROWS, ROWS), kv_ptr, stride_kv,
+                _copy_fp8_nope(kv_raw.index(s).slice(c * ROWS, ROWS), kv_ptr, stride_kv,
                                gl.convert_layout(idx, gl.SliceLayout(1, gl.SliceLayout(2, raw_l))),
                                D_V, raw_l)
             else:
@@ -484,24 +412,13 @@ def _consumer_t(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stri
         mbarrier.arrive(empty.index(s), count=1)
         m_i = m_new
 
-    _store_t(acc, m_i, gl.sum(l_el, axis=0), out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
-             part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, D_V, BLOCK_H, SPLIT, s_l)
-
-
-@gluon.jit
-def _store_t(acc, m_i, l_i, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
-             part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, D_V: gl.constexpr,
-             BLOCK_H: gl.constexpr, SPLIT: gl.constexpr, s_l: gl.constexpr):
-    """The transposed consumers' result: ``acc`` = O^T ``[D_V, BLOCK_H]`` float32 (in ``s_l``),
-    the base-2 running max ``m_i`` and the row sums ``l_i`` ``[BLOCK_H]`` (its head slice), as
-    ``out``/``lse`` (one split) or this split's partials."""
-    head_s: gl.constexpr = gl.SliceLayout(0, s_l)
+    l_i = gl.sum(l_el, axis=0)
     has = l_i > 0.0
     l_safe = gl.where(has, l_i, 1.0)
     lse2 = m_i + gl.log2(l_safe)
     o = acc / l_safe[None, :]
     offs_h = h0 + gl.arange(0, BLOCK_H, layout=head_s)
-    offs_v = gl.arange(0, D_V, layout=gl.SliceLayout(1, s_l))
+    offs_v = gl.arange(0, D_V, layout=tok_s)
     h_ok = offs_h < H
     if SPLIT:
         part_o = (((b * H + offs_h).to(gl.int64) * num_splits + split) * D_V)
@@ -514,123 +431,6 @@ def _store_t(acc, m_i, l_i, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
         gl.store(o_col[None, :] + offs_v[:, None], o.to(gl.bfloat16), mask=h_ok[None, :])
         gl.store(lse_ptr + b.to(gl.int64) * stride_lb + offs_h,
                  gl.where(has, lse2 * 0.6931471805599453, float("inf")), mask=h_ok)
-
-
-@gluon.jit
-def _dequant_group(raw, scales, g: gl.constexpr, BLOCK_N: gl.constexpr, grp_l: gl.constexpr):
-    """Scale group ``g`` of fp8 e4m3 ``raw [BLOCK_N, G, 128]`` x ``scales [BLOCK_N, G]`` float32
-    (shared memory) as bf16 ``[BLOCK_N, 128]`` in registers (the float32 product rounded once)."""
-    r = raw.slice(g, 1, dim=1).load(grp_l)
-    sc = scales.slice(g, 1, dim=1).load(gl.SliceLayout(2, grp_l))
-    vals = r.to(gl.float8e4nv, bitcast=True).to(gl.float32) * sc[:, :, None]
-    return gl.reshape(vals.to(gl.bfloat16), [BLOCK_N, 128])
-
-
-@gluon.jit
-def _consumer_pair(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
-                   part_o_ptr, part_lse_ptr,
-                   b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
-                   q_nope, q_rope, kv_nope, kv_scale, p_t, mrg, q_bar, ready, empty, mrg_bar,
-                   D_V: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
-                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr,
-                   RAW_SMEM: gl.constexpr, WG: gl.constexpr):
-    """One of the two consumer warpgroups of a 16-head program with fp8_ds_mla rows at d_v 512
-    (each its own partition): warpgroup ``WG`` takes every other tile (``t_begin + WG``,
-    ``+ 2``, ...), transposed as in :func:`_consumer_t` but with all ``BLOCK_H`` heads (one
-    read of the tile's K and V for all of them), so two tiles are in flight at once. Each
-    stage is one bf16 ``[BLOCK_N, D_V]`` tile into which the producer copies the rope part
-    (columns 0-63) and the fp8 bytes (upper half); the warpgroup dequantizes it in place, scale
-    group by group in an order that reads every byte before it is overwritten: group 1 (while
-    the rope MMA runs), group 0 (after it: over the rope), group 2 (over the bytes of groups 0
-    and 1), group 3 (over its own and group 2's bytes: read whole first). Warpgroup 1 leaves
-    its O^T, max and sums in shared memory (``mrg``, its last tile's stage) and warpgroup 0
-    merges them and stores."""
-    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, BLOCK_H, 16])
-    grp_l: gl.constexpr = gl.BlockedLayout([1, 1, 16], [8, 1, 4], [4, 1, 1], [2, 1, 0])
-    tok_s: gl.constexpr = gl.SliceLayout(1, s_l)
-    head_s: gl.constexpr = gl.SliceLayout(0, s_l)
-    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=head_s)
-    l_el = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_l)   # column sums, per element
-    acc = gl.zeros([D_V, BLOCK_H], gl.float32, layout=s_l)
-    s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_l)
-    pt = p_t.index(WG)
-
-    idx_row = idx_ptr + b.to(gl.int64) * stride_ib
-    offs_n = gl.arange(0, BLOCK_N, layout=tok_s)
-    on = (t_begin + WG) * BLOCK_N + offs_n
-    n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
-    mbarrier.wait(q_bar, 0)
-    for t in range(t_begin + WG, t_end, 2):
-        i = t - t_begin
-        s = i % STAGES
-        idx = n_idx
-        on = (t + 2) * BLOCK_N + offs_n                 # this warpgroup's next tile's ids
-        n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
-        valid = (idx >= 0) & (idx < num_slots)
-
-        kn = kv_nope.index(s)
-        raw = _raw_of(kv_nope, kv_nope, s, True, D_V, BLOCK_N, RAW_SMEM)
-        scales = kv_scale.index(s)
-        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-        fence_async_shared()        # the producer's copies, for the tensor cores
-        sc = warpgroup_mma(kn.slice(0, D_ROPE, dim=1), q_rope.permute((1, 0)), s_zero,
-                           use_acc=False, is_async=True)
-        kn.slice(128, 128, dim=1).store(_dequant_group(raw, scales, 1, BLOCK_N, grp_l))
-        sc = warpgroup_mma_wait(0, deps=[sc])           # the rope is read: group 0 may go there
-        kn.slice(0, 128, dim=1).store(_dequant_group(raw, scales, 0, BLOCK_N, grp_l))
-        _partition_barrier()                            # groups 0 and 1 read by every thread
-        kn.slice(256, 128, dim=1).store(_dequant_group(raw, scales, 2, BLOCK_N, grp_l))
-        g3 = _dequant_group(raw, scales, 3, BLOCK_N, grp_l)
-        _partition_barrier()                            # groups 2 and 3 read by every thread
-        kn.slice(384, 128, dim=1).store(g3)
-        fence_async_shared()
-        _partition_barrier()
-        sc = warpgroup_mma(kn, q_nope.permute((1, 0)), sc, is_async=True)
-        sc = warpgroup_mma_wait(0, deps=[sc])
-
-        sc = gl.where(valid[:, None], sc * qk_scale_log2, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(sc, axis=0))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(sc - m_use[None, :])
-        l_el = l_el * alpha[None, :] + p
-        acc = acc * alpha[None, :]
-        pt.store(p.to(gl.bfloat16))
-        fence_async_shared()
-        _partition_barrier()
-        acc = warpgroup_mma(kn.permute((1, 0)), pt, acc, is_async=True)
-        acc = warpgroup_mma_wait(0, deps=[acc])
-        _partition_barrier()
-        mbarrier.arrive(empty.index(s), count=1)
-        m_i = m_new
-
-    l_i = gl.sum(l_el, axis=0)
-    # warpgroup 1's last tile's stage holds its O^T for the merge (stage 2 when it has none)
-    n = t_end - t_begin
-    bm = (n - 1 - n % 2 + STAGES) % STAGES      # a stage no tile of warpgroup 0 is still using
-    acc_smem = kv_nope.index(bm).slice(0, D_V // 2, dim=1)._reinterpret(
-        gl.float32, [D_V, BLOCK_H], flat)
-    if WG == 1:
-        acc_smem.store(acc)
-        mrg.slice(0, BLOCK_H).store(m_i)
-        mrg.slice(BLOCK_H, BLOCK_H).store(l_i)
-        _partition_barrier()
-        mbarrier.arrive(mrg_bar, count=1)
-    else:
-        mbarrier.wait(mrg_bar, 0)
-        m_1 = mrg.slice(0, BLOCK_H).load(head_s)
-        l_1 = mrg.slice(BLOCK_H, BLOCK_H).load(head_s)
-        m_new = gl.maximum(m_i, m_1)
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        a0 = gl.exp2(m_i - m_use)
-        a1 = gl.exp2(m_1 - m_use)
-        acc = acc * a0[None, :] + acc_smem.load(s_l) * a1[None, :]
-        _store_t(acc, m_new, l_i * a0 + l_1 * a1, out_ptr, stride_ob, stride_oh, lse_ptr,
-                 stride_lb, part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, D_V, BLOCK_H,
-                 SPLIT, s_l)
 
 
 @gluon.jit
@@ -675,8 +475,7 @@ def _sparse_mla_decode_ws_fwd(
         IS_FP8: gl.constexpr, RAW_LAYOUT: gl.constexpr, SCALE_LAYOUT: gl.constexpr,
         DEQ_ROWS: gl.constexpr, DEQ_LAYOUT: gl.constexpr, RAW_SMEM: gl.constexpr,
         SCALE_SMEM: gl.constexpr, TRANSPOSED: gl.constexpr,
-        P_COLS: gl.constexpr, PAIRED: gl.constexpr, PAIR_REGS: gl.constexpr,
-        PREFETCH: gl.constexpr, PF_LINES: gl.constexpr):
+        P_COLS: gl.constexpr):
     pid = gl.program_id(0)
     hb = pid % num_head_blocks
     rest = pid // num_head_blocks
@@ -691,6 +490,17 @@ def _sparse_mla_decode_ws_fwd(
     sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     q_nope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, D_V], sh)
     q_rope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, D_ROPE], sh)
+    kv_rope = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D_ROPE], sh)
+    if IS_FP8:
+        # the stages hold the rows as stored (bytes and scales); one bf16 tile for the MMAs
+        G: gl.constexpr = D_V // 128
+        kv_nope = gl.allocate_shared_memory(gl.bfloat16, [1, BLOCK_N, D_V], sh)
+        kv_raw = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, G, 128], RAW_SMEM)
+        kv_scale = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N, G], SCALE_SMEM)
+    else:
+        kv_nope = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D_V], sh)
+        kv_raw = gl.allocate_shared_memory(gl.uint8, [1, 1, 1, 16], RAW_SMEM)       # unused
+        kv_scale = gl.allocate_shared_memory(gl.float32, [1, 1, 4], SCALE_SMEM)     # unused
     ids = gl.allocate_shared_memory(gl.int32, [2, BLOCK_N],
                                     gl.SwizzledSharedLayout(1, 1, 1, [0]))
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -700,66 +510,25 @@ def _sparse_mla_decode_ws_fwd(
     for j in gl.static_range(STAGES):
         mbarrier.init(ready.index(j), count=PRODUCER_WARPS * 32)
         mbarrier.init(empty.index(j), count=1)
-    if PAIRED:
-        # fp8 rows, 16 heads, two consumer partitions of one warpgroup each: every stage is one
-        # bf16 tile that also receives the rope part and the bytes (_consumer_pair)
-        G: gl.constexpr = D_V // 128
-        kv_nope = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D_V], sh)
-        kv_scale = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N, G], SCALE_SMEM)
-        p_t = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, BLOCK_H],
-                                        gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H],
-                                                                             gl.bfloat16))
-        mrg = gl.allocate_shared_memory(gl.float32, [2 * BLOCK_H],
-                                        gl.SwizzledSharedLayout(1, 1, 1, [0]))
-        mrg_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        mbarrier.init(mrg_bar, count=1)
-        gl.warp_specialize([
-            (_consumer_pair, (idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr,
-                              stride_lb, part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits,
-                              t_begin, t_end, lim, num_slots, qk_scale_log2, q_nope, q_rope,
-                              kv_nope, kv_scale, p_t, mrg, q_bar, ready, empty, mrg_bar, D_V,
-                              D_ROPE, BLOCK_H, BLOCK_N, STAGES, SPLIT, RAW_SMEM, 0)),
-            (_consumer_pair, (idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr,
-                              stride_lb, part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits,
-                              t_begin, t_end, lim, num_slots, qk_scale_log2, q_nope, q_rope,
-                              kv_nope, kv_scale, p_t, mrg, q_bar, ready, empty, mrg_bar, D_V,
-                              D_ROPE, BLOCK_H, BLOCK_N, STAGES, SPLIT, RAW_SMEM, 1)),
-            (_producer, (q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
-                         scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
-                         idx_ptr, stride_ib, b, h0, H, t_begin, t_end, lim, num_slots,
-                         q_nope, q_rope, kv_nope, kv_nope, kv_nope, kv_scale, ids, q_bar, ready,
-                         empty, D_V, D_ROPE, BLOCK_H, BLOCK_N, ROWS, STAGES, PRODUCER_WARPS,
-                         IS_FP8, RAW_LAYOUT, SCALE_LAYOUT, True, RAW_SMEM, PREFETCH, PF_LINES)),
-        ], [4, PRODUCER_WARPS], [PAIR_REGS, PRODUCER_REGS])
-    else:
-        kv_rope = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D_ROPE], sh)
-        if IS_FP8:
-            # the stages hold the rows as stored (bytes and scales); one bf16 tile for the MMAs
-            G: gl.constexpr = D_V // 128
-            kv_nope = gl.allocate_shared_memory(gl.bfloat16, [1, BLOCK_N, D_V], sh)
-            kv_raw = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, G, 128], RAW_SMEM)
-            kv_scale = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N, G], SCALE_SMEM)
-        else:
-            kv_nope = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D_V], sh)
-            kv_raw = gl.allocate_shared_memory(gl.uint8, [1, 1, 1, 16], RAW_SMEM)       # unused
-            kv_scale = gl.allocate_shared_memory(gl.float32, [1, 1, 4], SCALE_SMEM)     # unused
-        # P^T of the transposed consumers (a minimal unused buffer for the 64-head ones)
-        p_t = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, P_COLS],
-                                        gl.NVMMASharedLayout.get_default_for([BLOCK_N, P_COLS],
-                                                                             gl.bfloat16))
-        gl.warp_specialize([
-            (_consumer, (idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
-                         part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end,
-                         lim, num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
-                         kv_scale, p_t, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES,
-                         SPLIT, IS_FP8, DEQ_ROWS, DEQ_LAYOUT, TRANSPOSED)),
-            (_producer, (q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
-                         scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
-                         idx_ptr, stride_ib, b, h0, H, t_begin, t_end, lim, num_slots,
-                         q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, ids, q_bar, ready,
-                         empty, D_V, D_ROPE, BLOCK_H, BLOCK_N, ROWS, STAGES, PRODUCER_WARPS,
-                         IS_FP8, RAW_LAYOUT, SCALE_LAYOUT, False, RAW_SMEM, PREFETCH, PF_LINES)),
-        ], [PRODUCER_WARPS], [PRODUCER_REGS])
+
+    # P^T of the transposed consumers (a minimal unused buffer for the 64-head ones)
+    p_t = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, P_COLS],
+                                    gl.NVMMASharedLayout.get_default_for([BLOCK_N, P_COLS],
+                                                                         gl.bfloat16))
+    gl.warp_specialize([
+        (_consumer, (idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
+                     part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
+                     num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
+                     kv_scale, p_t, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT,
+                     IS_FP8, DEQ_ROWS, DEQ_LAYOUT, TRANSPOSED)),
+        (_producer, (q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
+                     scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
+                     idx_ptr, stride_ib,
+                     b, h0, H, t_begin, t_end, lim, num_slots,
+                     q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, ids, q_bar, ready,
+                     empty, D_V, D_ROPE, BLOCK_H, BLOCK_N, ROWS, STAGES, PRODUCER_WARPS,
+                     IS_FP8, RAW_LAYOUT, SCALE_LAYOUT)),
+    ], [PRODUCER_WARPS], [PRODUCER_REGS])
 
 
 def ws_supported(q: torch.Tensor, kv_cache: torch.Tensor, d_v: int) -> Optional[str]:
@@ -801,33 +570,21 @@ def block_heads(num_heads: int, kind: str) -> int:
     return WS_BLOCK_H
 
 
-def paired(kind: str, d_v: int, block_h: int, stages: Optional[int] = None) -> bool:
-    """Whether a program runs :func:`_consumer_pair` (two one-warpgroup consumers on
-    alternate tiles, dequantizing in place): fp8_ds_mla rows at d_v 512 in 16-head programs,
-    with at least two stages."""
-    return (_PAIRED_FP8_16 and kind == "fp8_ds_mla" and d_v == 512 and block_h == 16
-            and (stages is None or stages >= 2))
-
-
 def shared_memory_bytes(kind: str, d_v: int, stages: int, block_h: int = WS_BLOCK_H) -> int:
     """Shared memory the kernel allocates, in bytes, besides the compiler's scratch (a few
     hundred bytes) and its mbarriers: the query block ``[block_h, d_v + 64]`` bf16, two tiles'
     slot ids (int32), P^T ``[64, block_h]`` bf16 when ``block_h`` < 64 (the transposed
-    consumers; two with :func:`paired`), and ``stages`` stages of 64 tokens (bf16 rows:
-    ``[64, d_v + 64]`` bf16; fp8_ds_mla rows: the NoPE bytes, the float32 scales and the bf16
-    rope part, plus one bf16 ``[64, d_v]`` tile; paired: one bf16 ``[64, d_v]`` tile holding
-    the rope part and the bytes, and the scales)."""
+    consumers), and ``stages`` stages of 64 tokens (bf16 rows: ``[64, d_v + 64]`` bf16;
+    fp8_ds_mla rows: the NoPE bytes, the float32 scales and the bf16 rope part, plus one bf16
+    ``[64, d_v]`` tile)."""
     q_block = block_h * (d_v + WS_BLOCK_N) * 2 + 2 * WS_BLOCK_N * 4
     if block_h < WS_BLOCK_H:
         q_block += WS_BLOCK_N * block_h * 2
     rope = WS_BLOCK_N * WS_BLOCK_N * 2
     if kind == "bf16":
         return q_block + stages * (WS_BLOCK_N * d_v * 2 + rope)
-    scales = WS_BLOCK_N * (d_v // 128) * 4
-    if paired(kind, d_v, block_h, stages):
-        return q_block + WS_BLOCK_N * block_h * 2 + 2 * block_h * 4 + stages * (
-            WS_BLOCK_N * d_v * 2 + scales)
-    return q_block + WS_BLOCK_N * d_v * 2 + stages * (WS_BLOCK_N * d_v + scales + rope)
+    return (q_block + WS_BLOCK_N * d_v * 2
+            + stages * (WS_BLOCK_N * d_v + WS_BLOCK_N * (d_v // 128) * 4 + rope))
 
 
 def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor,
@@ -880,7 +637,7 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
     kernel = _sparse_mla_decode_ws_fwd[(bsz * num_splits * num_head_blocks,)](
         *kernel_args(q, kv_cache, kind, indices, sm_scale, d_v, plan, num_head_blocks),
         **_constexprs(kind, d_v, d_qk - d_v, stages, num_splits > 1, block_h),
-        num_warps=4 if paired(kind, d_v, block_h, stages) else 8, maxnreg=_MAXNREG,
+        num_warps=8, maxnreg=_MAXNREG,
     )
     if num_splits > 1:
         combine_splits(part_o, part_lse, out, lse)
@@ -888,14 +645,6 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
     return out, lse, replace(info, n_regs=None if n_regs is None else int(n_regs),
                              n_spills=None if n_spills is None else int(n_spills),
                              smem_bytes=getattr(getattr(kernel, "metadata", None), "shared", None))
-
-
-def _row_lines(kind: str, d_v: int, d_rope: int) -> int:
-    """More than the 128-byte lines one KV row can span, as a power of two <= 32 (the
-    prefetch's columns; fp8_ds_mla rows: d_v bytes, d_v / 128 float32 scales, the bf16 rope
-    part; bf16 rows: 2 (d_v + d_rope) bytes)."""
-    row_bytes = d_v + d_v // 32 + 2 * d_rope if kind == "fp8_ds_mla" else 2 * (d_v + d_rope)
-    return min(32, 1 << (row_bytes // 128 + 1).bit_length())
 
 
 def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
@@ -913,9 +662,6 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
     tpw_g = min(4, g)
     return dict(D_V=d_v, D_ROPE=d_rope, BLOCK_H=block_h, BLOCK_N=WS_BLOCK_N, STAGES=stages,
                 TRANSPOSED=block_h < WS_BLOCK_H,
-                PAIRED=paired(kind, d_v, block_h, stages), PAIR_REGS=_PAIR_REGS,
-                PREFETCH=_PREFETCH_TILES,
-                PF_LINES=_row_lines(kind, d_v, d_rope),
                 P_COLS=block_h if block_h < WS_BLOCK_H else 8,
                 ROWS=_ROWS[kind], SPLIT=split, PRODUCER_WARPS=_PRODUCER_WARPS,
                 PRODUCER_REGS=_PRODUCER_REGS[kind], IS_FP8=kind == "fp8_ds_mla",
@@ -960,5 +706,4 @@ def compile_for_sm90(kind: str = "bf16", *, d_v: int = 512, d_rope: int = 64, st
     src = GluonASTSource(fn=fn, signature=signature, attrs=attrs,
                          constexprs={(names.index(n),): v for n, v in const.items()})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=4 if const["PAIRED"] else 8,
-                                       maxnreg=_MAXNREG))
+                          options=dict(num_warps=8, maxnreg=_MAXNREG))
