@@ -668,10 +668,11 @@ def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
     """Merges per-split partials ``part_o [B, H, S, d_v]`` (normalised o) and ``part_lse
     [B, H, S]`` (natural log, -inf for an empty split), fp32 contiguous, into ``out [B, H, d_v]``
     bf16 and ``lse [B, H]`` fp32 (``+inf`` and 0 where every split is empty). Measured on the
-    H200 (BENCHMARKS 6q, fp8_ds_mla rows, H128 top_k 2048): B1 / 2 / 4 / 8 decodes 19.0 / 21.9 /
-    26.1 / 31.9 us against 19.9 / 22.1 / 27.0 / 33.3 with a loop over the splits; launched as a
-    programmatic dependent of the decode it saved up to 1 us at B1-2 and cost up to 1.9 at B4
-    (calls c2, c3), so it is a plain launch."""
+    H200 (BENCHMARKS 6q, fp8_ds_mla rows, H128 top_k 2048): the combine alone 9.0 / 7.8 / 10.3 /
+    9.8 us at B1 / 2 / 4 / 8 against 13.5 / 9.8 / 11.6 / 10.3 with a loop over the splits, the
+    decodes 0.9-1.4 us faster at B4 and B8; launched as a programmatic dependent of the decode
+    it saved up to 1 us at B1-2 and cost up to 1.9 at B4 (calls c2, c3), so it is a plain
+    launch."""
     bsz, num_heads, num_splits, d_v = part_o.shape
     s_pad = triton.next_power_of_2(num_splits)
     # every split's columns at once: at most _COMBINE_ELEMS float32 values a program
