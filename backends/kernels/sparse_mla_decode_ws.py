@@ -96,6 +96,9 @@ _DEQ_ROWS = 32
 #: 64 rows 110.5 us against 111.9 for 32 at B128 H16; with the swizzled stages 104.0 against
 #: 106.1, BENCHMARKS 6p)
 _DEQ_ROWS_T = 64
+#: A/B switch (GPU call c9): the transposed consumers' PV MMA with the warpgroups stacked along
+#: the V dims (each reads half of the tile's V) instead of split by heads
+_PV_BY_DIMS = True
 #: registers per thread of the whole program: 12 warps x 32 x 168 <= 64 K; the consumers get
 #: (168 * 12 - 48 * 4) / 8 = 228 rounded down to setmaxnreg's multiple of 8: 224 (the PTX's
 #: setmaxnreg). ptxas 12.8 (Triton 3.6) for sm_90a: no spills for bf16 rows, 20 bytes for
@@ -353,7 +356,7 @@ def _consumer_t(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stri
                 q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, p_t, q_bar, ready, empty,
                 D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
                 STAGES: gl.constexpr, SPLIT: gl.constexpr, IS_FP8: gl.constexpr,
-                DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr):
+                DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr, PV_BY_DIMS: gl.constexpr):
     """The consumers for few heads (``BLOCK_H`` 16 or 32: a TP8 or TP4 shard of
     DeepSeek-V3.2's 128), everything transposed so that the tile's 64 tokens are the wgmma M:
     ``S^T = k q^T`` ``[BLOCK_N, BLOCK_H]`` and ``O^T += V^T P^T`` ``[D_V, BLOCK_H]``, warps laid
@@ -364,10 +367,18 @@ def _consumer_t(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stri
                                                   instr_shape=[16, BLOCK_H // 2, 16])
     tok_s: gl.constexpr = gl.SliceLayout(1, s_l)
     head_s: gl.constexpr = gl.SliceLayout(0, s_l)
+    if PV_BY_DIMS:
+        # O^T += V^T P^T with the warpgroups stacked along M: each owns half of the V dims for
+        # all heads and reads only its half of the tile's V
+        o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                      instr_shape=[16, BLOCK_H, 16])
+    else:
+        o_l: gl.constexpr = s_l
+    head_o: gl.constexpr = gl.SliceLayout(0, o_l)
 
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=head_s)
     l_el = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_l)   # column sums, per element
-    acc = gl.zeros([D_V, BLOCK_H], gl.float32, layout=s_l)
+    acc = gl.zeros([D_V, BLOCK_H], gl.float32, layout=o_l)
     s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_l)
 
     idx_row = idx_ptr + b.to(gl.int64) * stride_ib
@@ -401,7 +412,7 @@ def _consumer_t(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stri
         alpha = gl.exp2(m_i - m_use)
         p = gl.exp2(sc - m_use[None, :])
         l_el = l_el * alpha[None, :] + p
-        acc = acc * alpha[None, :]
+        acc = acc * gl.convert_layout(alpha, head_o)[None, :]
         # P^T to its own buffer (each warpgroup writes and reads its own heads' columns)
         p_t.store(p.to(gl.bfloat16))
         fence_async_shared()
@@ -416,19 +427,21 @@ def _consumer_t(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stri
     has = l_i > 0.0
     l_safe = gl.where(has, l_i, 1.0)
     lse2 = m_i + gl.log2(l_safe)
-    o = acc / l_safe[None, :]
+    o = acc / gl.convert_layout(l_safe, head_o)[None, :]
     offs_h = h0 + gl.arange(0, BLOCK_H, layout=head_s)
-    offs_v = gl.arange(0, D_V, layout=tok_s)
+    offs_ho = h0 + gl.arange(0, BLOCK_H, layout=head_o)
+    offs_v = gl.arange(0, D_V, layout=gl.SliceLayout(1, o_l))
     h_ok = offs_h < H
+    ho_ok = offs_ho < H
     if SPLIT:
-        part_o = (((b * H + offs_h).to(gl.int64) * num_splits + split) * D_V)
-        gl.store(part_o_ptr + part_o[None, :] + offs_v[:, None], o, mask=h_ok[None, :])
+        part_o = (((b * H + offs_ho).to(gl.int64) * num_splits + split) * D_V)
+        gl.store(part_o_ptr + part_o[None, :] + offs_v[:, None], o, mask=ho_ok[None, :])
         part_l = (b * H + offs_h).to(gl.int64) * num_splits + split
         gl.store(part_lse_ptr + part_l, gl.where(has, lse2 * 0.6931471805599453, float("-inf")),
                  mask=h_ok)
     else:
-        o_col = out_ptr + b.to(gl.int64) * stride_ob + offs_h.to(gl.int64) * stride_oh
-        gl.store(o_col[None, :] + offs_v[:, None], o.to(gl.bfloat16), mask=h_ok[None, :])
+        o_col = out_ptr + b.to(gl.int64) * stride_ob + offs_ho.to(gl.int64) * stride_oh
+        gl.store(o_col[None, :] + offs_v[:, None], o.to(gl.bfloat16), mask=ho_ok[None, :])
         gl.store(lse_ptr + b.to(gl.int64) * stride_lb + offs_h,
                  gl.where(has, lse2 * 0.6931471805599453, float("inf")), mask=h_ok)
 
@@ -440,7 +453,8 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
               q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, p_t, q_bar, ready, empty,
               D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, SPLIT: gl.constexpr, IS_FP8: gl.constexpr,
-              DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr, TRANSPOSED: gl.constexpr):
+              DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr, TRANSPOSED: gl.constexpr,
+              PV_BY_DIMS: gl.constexpr):
     """The consumer partition: 64-head programs (:func:`_consumer_64`) or, for fewer heads,
     the transposed ones (:func:`_consumer_t`)."""
     if TRANSPOSED:
@@ -448,7 +462,7 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
                     part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
                     num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
                     kv_scale, p_t, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT,
-                    IS_FP8, DEQ_ROWS, deq_l)
+                    IS_FP8, DEQ_ROWS, deq_l, PV_BY_DIMS)
     else:
         _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
                      part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
@@ -475,7 +489,7 @@ def _sparse_mla_decode_ws_fwd(
         IS_FP8: gl.constexpr, RAW_LAYOUT: gl.constexpr, SCALE_LAYOUT: gl.constexpr,
         DEQ_ROWS: gl.constexpr, DEQ_LAYOUT: gl.constexpr, RAW_SMEM: gl.constexpr,
         SCALE_SMEM: gl.constexpr, TRANSPOSED: gl.constexpr,
-        P_COLS: gl.constexpr):
+        P_COLS: gl.constexpr, PV_BY_DIMS: gl.constexpr):
     pid = gl.program_id(0)
     hb = pid % num_head_blocks
     rest = pid // num_head_blocks
@@ -520,7 +534,7 @@ def _sparse_mla_decode_ws_fwd(
                      part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
                      num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
                      kv_scale, p_t, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT,
-                     IS_FP8, DEQ_ROWS, DEQ_LAYOUT, TRANSPOSED)),
+                     IS_FP8, DEQ_ROWS, DEQ_LAYOUT, TRANSPOSED, PV_BY_DIMS)),
         (_producer, (q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
                      scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
                      idx_ptr, stride_ib,
@@ -662,6 +676,7 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
     tpw_g = min(4, g)
     return dict(D_V=d_v, D_ROPE=d_rope, BLOCK_H=block_h, BLOCK_N=WS_BLOCK_N, STAGES=stages,
                 TRANSPOSED=block_h < WS_BLOCK_H,
+                PV_BY_DIMS=_PV_BY_DIMS,
                 P_COLS=block_h if block_h < WS_BLOCK_H else 8,
                 ROWS=_ROWS[kind], SPLIT=split, PRODUCER_WARPS=_PRODUCER_WARPS,
                 PRODUCER_REGS=_PRODUCER_REGS[kind], IS_FP8=kind == "fp8_ds_mla",
