@@ -34,9 +34,11 @@ that path, as FlashMLA's producer warps do:
     with).
   - **16 or 32 heads** (``_consumer_t``, transposed; a TP8 or TP4 shard, up to
     ``_T_MAX_HEADS`` per format): the tile's 64 tokens are the wgmma's M, so no head is padded:
-    ``S^T = k q^T`` ``[64, BLOCK_H]`` and ``O^T += V^T P^T`` ``[d_v, BLOCK_H]``, warps ``[4,
-    2]`` (each warpgroup owns half of the heads, so the softmax over the tokens stays within
-    a warpgroup); ``P^T`` goes through its own ``[64, BLOCK_H]`` buffer.
+    ``S^T = k q^T`` ``[64, BLOCK_H]`` with warps ``[4, 2]`` (each warpgroup owns half of the
+    heads, so the softmax over the tokens stays within a warpgroup; the rope part first, under
+    the fp8 dequantization), ``P^T`` through its own ``[64, BLOCK_H]`` buffer, and ``O^T +=
+    V^T P^T`` ``[d_v, BLOCK_H]`` with warps ``[8, 1]`` (each warpgroup owns half of the V dims
+    for all heads, so each reads half of the tile's V).
 
   The stage goes back to the producer (``empty``); the row sums are accumulated per element
   and reduced once at the end.
@@ -96,9 +98,6 @@ _DEQ_ROWS = 32
 #: 64 rows 110.5 us against 111.9 for 32 at B128 H16; with the swizzled stages 104.0 against
 #: 106.1, BENCHMARKS 6p)
 _DEQ_ROWS_T = 64
-#: A/B switch (GPU call c9): the transposed consumers' PV MMA with the warpgroups stacked along
-#: the V dims (each reads half of the tile's V) instead of split by heads
-_PV_BY_DIMS = True
 #: registers per thread of the whole program: 12 warps x 32 x 168 <= 64 K; the consumers get
 #: (168 * 12 - 48 * 4) / 8 = 228 rounded down to setmaxnreg's multiple of 8: 224 (the PTX's
 #: setmaxnreg). ptxas 12.8 (Triton 3.6) for sm_90a: no spills for bf16 rows, 20 bytes for
@@ -356,24 +355,23 @@ def _consumer_t(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stri
                 q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, p_t, q_bar, ready, empty,
                 D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
                 STAGES: gl.constexpr, SPLIT: gl.constexpr, IS_FP8: gl.constexpr,
-                DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr, PV_BY_DIMS: gl.constexpr):
+                DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr):
     """The consumers for few heads (``BLOCK_H`` 16 or 32: a TP8 or TP4 shard of
     DeepSeek-V3.2's 128), everything transposed so that the tile's 64 tokens are the wgmma M:
-    ``S^T = k q^T`` ``[BLOCK_N, BLOCK_H]`` and ``O^T += V^T P^T`` ``[D_V, BLOCK_H]``, warps laid
-    out ``[4, 2]`` (each warpgroup owns half of the heads, so the softmax over the tokens stays
-    inside a warpgroup, and both read the whole tile). No head padding: the MMAs do the work of
-    ``BLOCK_H`` heads, not 64."""
+    ``S^T = k q^T`` ``[BLOCK_N, BLOCK_H]`` with warps laid out ``[4, 2]`` (each warpgroup owns
+    half of the heads, so the softmax over the tokens stays inside a warpgroup; both read the
+    whole K tile) and ``O^T += V^T P^T`` ``[D_V, BLOCK_H]`` with warps ``[8, 1]`` (each
+    warpgroup owns half of the V dims for all heads and reads half of the V tile). No head
+    padding: the MMAs do the work of ``BLOCK_H`` heads, not 64."""
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                   instr_shape=[16, BLOCK_H // 2, 16])
     tok_s: gl.constexpr = gl.SliceLayout(1, s_l)
     head_s: gl.constexpr = gl.SliceLayout(0, s_l)
-    if PV_BY_DIMS:
-        # O^T += V^T P^T with the warpgroups stacked along M: each owns half of the V dims for
-        # all heads and reads only its half of the tile's V
-        o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
-                                                      instr_shape=[16, BLOCK_H, 16])
-    else:
-        o_l: gl.constexpr = s_l
+    # O^T += V^T P^T with the warpgroups stacked along M: each owns half of the V dims for all
+    # heads and reads only its half of the tile's V (B128 H16 fp8 rows 94.4 us against 102.8
+    # split by heads as the scores are, bf16 rows 89.3 against 91.3; BENCHMARKS 6q)
+    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                  instr_shape=[16, BLOCK_H, 16])
     head_o: gl.constexpr = gl.SliceLayout(0, o_l)
 
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=head_s)
@@ -453,8 +451,7 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
               q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, p_t, q_bar, ready, empty,
               D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, SPLIT: gl.constexpr, IS_FP8: gl.constexpr,
-              DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr, TRANSPOSED: gl.constexpr,
-              PV_BY_DIMS: gl.constexpr):
+              DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr, TRANSPOSED: gl.constexpr):
     """The consumer partition: 64-head programs (:func:`_consumer_64`) or, for fewer heads,
     the transposed ones (:func:`_consumer_t`)."""
     if TRANSPOSED:
@@ -462,7 +459,7 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
                     part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
                     num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
                     kv_scale, p_t, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT,
-                    IS_FP8, DEQ_ROWS, deq_l, PV_BY_DIMS)
+                    IS_FP8, DEQ_ROWS, deq_l)
     else:
         _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
                      part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
@@ -489,7 +486,7 @@ def _sparse_mla_decode_ws_fwd(
         IS_FP8: gl.constexpr, RAW_LAYOUT: gl.constexpr, SCALE_LAYOUT: gl.constexpr,
         DEQ_ROWS: gl.constexpr, DEQ_LAYOUT: gl.constexpr, RAW_SMEM: gl.constexpr,
         SCALE_SMEM: gl.constexpr, TRANSPOSED: gl.constexpr,
-        P_COLS: gl.constexpr, PV_BY_DIMS: gl.constexpr):
+        P_COLS: gl.constexpr):
     pid = gl.program_id(0)
     hb = pid % num_head_blocks
     rest = pid // num_head_blocks
@@ -534,7 +531,7 @@ def _sparse_mla_decode_ws_fwd(
                      part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
                      num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
                      kv_scale, p_t, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT,
-                     IS_FP8, DEQ_ROWS, DEQ_LAYOUT, TRANSPOSED, PV_BY_DIMS)),
+                     IS_FP8, DEQ_ROWS, DEQ_LAYOUT, TRANSPOSED)),
         (_producer, (q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
                      scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
                      idx_ptr, stride_ib,
@@ -676,7 +673,6 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
     tpw_g = min(4, g)
     return dict(D_V=d_v, D_ROPE=d_rope, BLOCK_H=block_h, BLOCK_N=WS_BLOCK_N, STAGES=stages,
                 TRANSPOSED=block_h < WS_BLOCK_H,
-                PV_BY_DIMS=_PV_BY_DIMS,
                 P_COLS=block_h if block_h < WS_BLOCK_H else 8,
                 ROWS=_ROWS[kind], SPLIT=split, PRODUCER_WARPS=_PRODUCER_WARPS,
                 PRODUCER_REGS=_PRODUCER_REGS[kind], IS_FP8=kind == "fp8_ds_mla",
