@@ -65,12 +65,12 @@ def test_options_that_do_not_apply_are_refused():
 
 
 def test_program_head_count_and_stages_that_fit():
-    """Few heads go to the transposed 16- / 32-head programs (bf16 rows up to 32 heads, fp8
-    rows up to 16: measured, BENCHMARKS 6p), more to 64-head ones; the shared-memory estimate
-    decides how many stages fit: 2 with 64-head programs, 3 for fp8 rows at 16 heads."""
-    assert [block_heads(h, "bf16") for h in (1, 8, 16, 17, 32, 33, 64, 128)] == \
-        [16, 16, 16, 32, 32, 64, 64, 64]
-    assert [block_heads(h, "fp8_ds_mla") for h in (16, 17, 32, 128)] == [16, 64, 64, 64]
+    """Few heads go to the transposed 16- / 32-head programs (up to 32 heads in both row
+    formats: measured, BENCHMARKS 6q), more to 64-head ones; the shared-memory estimate decides
+    how many stages fit: 2 with 64-head programs, 3 for fp8 rows at 16 heads."""
+    for kind in ("bf16", "fp8_ds_mla"):
+        assert [block_heads(h, kind) for h in (1, 8, 16, 17, 32, 33, 64, 128)] == \
+            [16, 16, 16, 32, 32, 64, 64, 64]
     fits = lambda kind, bh: [s for s in (1, 2, 3) if shared_memory_bytes(kind, 512, s, bh)
                              <= _SMEM_BUDGET]
     assert fits("bf16", 64) == fits("fp8_ds_mla", 64) == fits("bf16", 16) == [1, 2]
@@ -214,10 +214,10 @@ def test_attention_switch_names_the_limit():
     from backends.base import BackendInvalid
     assert "triton_ws" in ATTENTION_KERNELS
     # the FLOP accounting counts the heads the programs compute: 16 / 32-head programs up to
-    # the format's limit, else 64-head programs with a padded remainder
-    assert [heads_computed("triton_ws", h, "bf16") for h in (8, 16, 20, 32, 33, 64, 80, 128)] \
-        == [16, 16, 32, 32, 64, 64, 128, 128]
-    assert [heads_computed("triton_ws", h, "fp8_ds_mla") for h in (16, 20, 32, 80)] == [16, 64, 64, 128]
+    # 32 heads, else 64-head programs with a padded remainder
+    for kind in ("bf16", "fp8_ds_mla"):
+        assert [heads_computed("triton_ws", h, kind) for h in (8, 16, 20, 32, 33, 64, 80, 128)] \
+            == [16, 16, 32, 32, 64, 64, 128, 128]
     assert heads_computed("triton", 16, "bf16") == 16
     kv = torch.zeros(64, 576, dtype=torch.bfloat16)
     if not _hopper():

@@ -32,8 +32,7 @@ that path, as FlashMLA's producer warps do:
     ``acc += P V`` as a 64 x 512 wgmma with the same layout (each warpgroup owns 256 of the V
     columns; ``P`` reaches both through the stage's rope tile, which the score MMAs are done
     with).
-  - **16 or 32 heads** (``_consumer_t``, transposed; a TP8 or TP4 shard, up to
-    ``_T_MAX_HEADS`` per format): the tile's 64 tokens are the wgmma's M, so no head is padded:
+  - **16 or 32 heads** (``_consumer_t``, transposed; a TP8 or TP4 shard): the tile's 64 tokens are the wgmma's M, so no head is padded:
     ``S^T = k q^T`` ``[64, BLOCK_H]`` with warps ``[4, 2]`` (each warpgroup owns half of the
     heads, so the softmax over the tokens stays within a warpgroup; the rope part first, under
     the fp8 dequantization), ``P^T`` through its own ``[64, BLOCK_H]`` buffer, and ``O^T +=
@@ -81,10 +80,11 @@ _PRODUCER_WARPS = 4
 _ROWS = {"bf16": 16, "fp8_ds_mla": 16}
 _PRODUCER_REGS = {"bf16": 48, "fp8_ds_mla": 48}
 #: per KV format: at most this many query heads are served by 16- or 32-head programs with
-#: the transposed consumers, more by 64-head programs. Measured on the H200 (BENCHMARKS 6p,
-#: B128 top_k 2048, 32 heads): bf16 rows transposed 96.0 us, padded to 64 heads 100.3; fp8 rows
-#: 130.0 against 128.1
-_T_MAX_HEADS = {"bf16": 32, "fp8_ds_mla": 16}
+#: the transposed consumers, more by 64-head programs. Measured on the H200 (B128 top_k 2048,
+#: 32 heads): bf16 rows transposed 96.0 us, padded to 64 heads 100.3 (BENCHMARKS 6p); fp8 rows
+#: 109.4 against 122.7 since the transposed PV MMA reads half of V a warpgroup (6q; 130.0
+#: against 128.1 before)
+_T_MAX_HEADS = {"bf16": 32, "fp8_ds_mla": 32}
 #: fp8_ds_mla rows: rows the consumers dequantize at a time (registers: 4 x 16 bytes a thread).
 #: Measured on the H200 (BENCHMARKS 6p, B128 H128 top_k 2048): 8 rows 269.1 us, 16 247.9, 32
 #: 242.7, 64 285.7 (spills); the next tile's first 16 or 32 rows dequantized into registers
