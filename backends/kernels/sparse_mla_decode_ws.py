@@ -32,8 +32,8 @@ that path, as FlashMLA's producer warps do:
     ``acc += P V`` as a 64 x 512 wgmma with the same layout (each warpgroup owns 256 of the V
     columns; ``P`` reaches both through the stage's rope tile, which the score MMAs are done
     with).
-  - **16 or 32 heads** (``_consumer_t``, transposed; a TP8 or TP4 shard): the tile's 64 tokens are the wgmma's M, so no head is padded:
-    ``S^T = k q^T`` ``[64, BLOCK_H]`` with warps ``[4, 2]`` (each warpgroup owns half of the
+  - **16 or 32 heads** (``_consumer_t``, transposed; a TP8 or TP4 shard): the tile's 64
+    tokens are the wgmma's M, so no head is padded: ``S^T = k q^T`` ``[64, BLOCK_H]`` with warps ``[4, 2]`` (each warpgroup owns half of the
     heads, so the softmax over the tokens stays within a warpgroup; the rope part first, under
     the fp8 dequantization), ``P^T`` through its own ``[64, BLOCK_H]`` buffer, and ``O^T +=
     V^T P^T`` ``[d_v, BLOCK_H]`` with warps ``[8, 1]`` (each warpgroup owns half of the V dims
@@ -411,7 +411,8 @@ def _consumer_t(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stri
         p = gl.exp2(sc - m_use[None, :])
         l_el = l_el * alpha[None, :] + p
         acc = acc * gl.convert_layout(alpha, head_o)[None, :]
-        # P^T to its own buffer (each warpgroup writes and reads its own heads' columns)
+        # P^T to its own buffer: each warpgroup writes its heads' columns, and after the
+        # barrier each reads all of them (its PV MMA covers every head for half of the dims)
         p_t.store(p.to(gl.bfloat16))
         fence_async_shared()
         _partition_barrier()
