@@ -33,11 +33,12 @@ that path, as FlashMLA's producer warps do:
     columns; ``P`` reaches both through the stage's rope tile, which the score MMAs are done
     with).
   - **16 or 32 heads** (``_consumer_t``, transposed; a TP8 or TP4 shard): the tile's 64
-    tokens are the wgmma's M, so no head is padded: ``S^T = k q^T`` ``[64, BLOCK_H]`` with warps ``[4, 2]`` (each warpgroup owns half of the
-    heads, so the softmax over the tokens stays within a warpgroup; the rope part first, under
-    the fp8 dequantization), ``P^T`` through its own ``[64, BLOCK_H]`` buffer, and ``O^T +=
-    V^T P^T`` ``[d_v, BLOCK_H]`` with warps ``[8, 1]`` (each warpgroup owns half of the V dims
-    for all heads, so each reads half of the tile's V).
+    tokens are the wgmma's M, so no head is padded: ``S^T = k q^T`` ``[64, BLOCK_H]`` with
+    warps ``[4, 2]`` (each warpgroup owns half of the heads, so the softmax over the tokens
+    stays within a warpgroup; the rope part first, under the fp8 dequantization), ``P^T``
+    through its own ``[64, BLOCK_H]`` buffer, and ``O^T += V^T P^T`` ``[d_v, BLOCK_H]`` with
+    warps ``[8, 1]`` (each warpgroup owns half of the V dims for all heads, so each reads half
+    of the tile's V).
 
   The stage goes back to the producer (``empty``); the row sums are accumulated per element
   and reduced once at the end.
