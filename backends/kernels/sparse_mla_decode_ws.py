@@ -693,8 +693,8 @@ def compile_for_sm90(kind: str = "bf16", *, d_v: int = 512, d_rope: int = 64, st
     """The kernel compiled by the installed Triton for sm_90a without a GPU (a
     ``triton.compiler.CompiledKernel``: ``asm["ttgir" | "ptx" | "cubin"]``,
     ``metadata.shared`` in bytes) for KV rows of ``kind`` (``"bf16"`` or ``"fp8_ds_mla"``), with
-    the divisibility Triton specialises for contiguous DeepSeek-V3.2-sized tensors. For inspecting what the compiler makes of it, not for
-    running it."""
+    the divisibility Triton specialises for contiguous DeepSeek-V3.2-sized tensors. For
+    inspecting what the compiler makes of it, not for running it."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
