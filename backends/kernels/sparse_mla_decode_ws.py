@@ -99,11 +99,6 @@ _DEQ_ROWS = 32
 #: 64 rows 110.5 us against 111.9 for 32 at B128 H16; with the swizzled stages 104.0 against
 #: 106.1, BENCHMARKS 6p)
 _DEQ_ROWS_T = 64
-#: A/B switch (GPU call c12): transposed programs with two one-warpgroup consumer partitions
-#: splitting each tile by the V dims (_consumer_tk), and their registers a thread (the first
-#: partition gets the rest: (168 * 12 - 224 * 4 - 48 * 4) / 4 = 232)
-_TK = True
-_TK_REGS = 224
 #: registers per thread of the whole program: 12 warps x 32 x 168 <= 64 K; the consumers get
 #: (168 * 12 - 48 * 4) / 8 = 228 rounded down to setmaxnreg's multiple of 8: 224 (the PTX's
 #: setmaxnreg). ptxas 12.8 (Triton 3.6) for sm_90a: no spills for bf16 rows, 20 bytes for
@@ -452,120 +447,6 @@ def _consumer_t(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stri
 
 
 @gluon.jit
-def _consumer_tk(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
-                 part_o_ptr, part_lse_ptr,
-                 b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
-                 q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, p_t, xs, q_bar, ready,
-                 empty, sdone, rdone,
-                 D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
-                 STAGES: gl.constexpr, SPLIT: gl.constexpr, IS_FP8: gl.constexpr,
-                 DEQ_ROWS: gl.constexpr, WG: gl.constexpr):
-    """One of the two consumer warpgroups (a partition each) of a transposed program (16 or
-    32 heads), splitting every tile's work by the V / NoPE dims: warpgroup ``WG`` dequantizes
-    (fp8 rows) and reads only dims ``[WG * D_V / 2, (WG + 1) * D_V / 2)`` of the tile, computes
-    the scores' partial sum over them (warpgroup 0 with the rope part) for all heads, adds the
-    other warpgroup's partial (through ``xs``; ``sdone`` / ``rdone``: written / read), and
-    owns those dims of ``O^T``. So the K and V tiles are each read once a tile, not once per
-    warpgroup."""
-    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, BLOCK_H, 16])
-    deq_l: gl.constexpr = gl.BlockedLayout([1, 1, 16], [8, 1, 4], [4, 1, 1], [2, 1, 0])
-    tok_s: gl.constexpr = gl.SliceLayout(1, s_l)
-    head_s: gl.constexpr = gl.SliceLayout(0, s_l)
-    HALF: gl.constexpr = D_V // 2
-    G2: gl.constexpr = HALF // 128
-
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=head_s)
-    l_el = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_l)   # column sums, per element
-    acc = gl.zeros([HALF, BLOCK_H], gl.float32, layout=s_l)
-    s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_l)
-    pt = p_t.index(WG)
-    q_half = q_nope.slice(WG * HALF, HALF, dim=1).permute((1, 0))
-
-    idx_row = idx_ptr + b.to(gl.int64) * stride_ib
-    offs_n = gl.arange(0, BLOCK_N, layout=tok_s)
-    on = t_begin * BLOCK_N + offs_n
-    n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
-    mbarrier.wait(q_bar, 0)
-    for t in range(t_begin, t_end):
-        i = t - t_begin
-        s = i % STAGES
-        idx = n_idx
-        on = (t + 1) * BLOCK_N + offs_n                 # the next tile's ids, early
-        n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
-        valid = (idx >= 0) & (idx < num_slots)
-
-        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-        fence_async_shared()        # the producer's copies, for the tensor cores
-        if WG == 0:
-            sc = warpgroup_mma(kv_rope.index(s), q_rope.permute((1, 0)), s_zero, use_acc=False,
-                               is_async=True)
-        if IS_FP8:
-            kn = kv_nope.index(0).slice(WG * HALF, HALF, dim=1)
-            raw = kv_raw.index(s).slice(WG * G2, G2, dim=1)
-            scales = kv_scale.index(s).slice(WG * G2, G2, dim=1)
-            for c in gl.static_range(BLOCK_N // DEQ_ROWS):
-                kn.slice(c * DEQ_ROWS, DEQ_ROWS).store(
-                    _dequant_rows(raw, scales, c * DEQ_ROWS, DEQ_ROWS, HALF, deq_l))
-            fence_async_shared()
-            _partition_barrier()
-        else:
-            kn = kv_nope.index(s).slice(WG * HALF, HALF, dim=1)
-        if WG == 0:
-            sc = warpgroup_mma(kn, q_half, sc, is_async=True)
-        else:
-            sc = warpgroup_mma(kn, q_half, s_zero, use_acc=False, is_async=True)
-        sc = warpgroup_mma_wait(0, deps=[sc])
-        # the other warpgroup's partial scores: mine out once it has read my previous ones
-        mbarrier.wait(rdone.index(WG), (i & 1) ^ 1)
-        xs.slice(WG * BLOCK_N, BLOCK_N).store(sc)
-        _partition_barrier()
-        mbarrier.arrive(sdone.index(WG), count=1)
-        mbarrier.wait(sdone.index(1 - WG), i & 1)
-        sc = sc + xs.slice((1 - WG) * BLOCK_N, BLOCK_N).load(s_l)
-        _partition_barrier()
-        mbarrier.arrive(rdone.index(1 - WG), count=1)
-
-        sc = gl.where(valid[:, None], sc * qk_scale_log2, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(sc, axis=0))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(sc - m_use[None, :])
-        l_el = l_el * alpha[None, :] + p
-        acc = acc * alpha[None, :]
-        pt.store(p.to(gl.bfloat16))
-        fence_async_shared()
-        _partition_barrier()
-        acc = warpgroup_mma(kn.permute((1, 0)), pt, acc, is_async=True)
-        acc = warpgroup_mma_wait(0, deps=[acc])
-        _partition_barrier()
-        mbarrier.arrive(empty.index(s), count=1)
-        m_i = m_new
-
-    l_i = gl.sum(l_el, axis=0)
-    has = l_i > 0.0
-    l_safe = gl.where(has, l_i, 1.0)
-    lse2 = m_i + gl.log2(l_safe)
-    o = acc / l_safe[None, :]
-    offs_h = h0 + gl.arange(0, BLOCK_H, layout=head_s)
-    offs_v = WG * HALF + gl.arange(0, HALF, layout=tok_s)
-    h_ok = offs_h < H
-    if SPLIT:
-        part_o = (((b * H + offs_h).to(gl.int64) * num_splits + split) * D_V)
-        gl.store(part_o_ptr + part_o[None, :] + offs_v[:, None], o, mask=h_ok[None, :])
-        if WG == 0:
-            part_l = (b * H + offs_h).to(gl.int64) * num_splits + split
-            gl.store(part_lse_ptr + part_l,
-                     gl.where(has, lse2 * 0.6931471805599453, float("-inf")), mask=h_ok)
-    else:
-        o_col = out_ptr + b.to(gl.int64) * stride_ob + offs_h.to(gl.int64) * stride_oh
-        gl.store(o_col[None, :] + offs_v[:, None], o.to(gl.bfloat16), mask=h_ok[None, :])
-        if WG == 0:
-            gl.store(lse_ptr + b.to(gl.int64) * stride_lb + offs_h,
-                     gl.where(has, lse2 * 0.6931471805599453, float("inf")), mask=h_ok)
-
-
-@gluon.jit
 def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
               part_o_ptr, part_lse_ptr,
               b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
@@ -607,7 +488,7 @@ def _sparse_mla_decode_ws_fwd(
         IS_FP8: gl.constexpr, RAW_LAYOUT: gl.constexpr, SCALE_LAYOUT: gl.constexpr,
         DEQ_ROWS: gl.constexpr, DEQ_LAYOUT: gl.constexpr, RAW_SMEM: gl.constexpr,
         SCALE_SMEM: gl.constexpr, TRANSPOSED: gl.constexpr,
-        P_COLS: gl.constexpr, TK: gl.constexpr, TK_REGS: gl.constexpr):
+        P_COLS: gl.constexpr):
     pid = gl.program_id(0)
     hb = pid % num_head_blocks
     rest = pid // num_head_blocks
@@ -641,59 +522,26 @@ def _sparse_mla_decode_ws_fwd(
     mbarrier.init(q_bar, count=1)
     for j in gl.static_range(STAGES):
         mbarrier.init(ready.index(j), count=PRODUCER_WARPS * 32)
-        mbarrier.init(empty.index(j), count=2 if TK else 1)
-    if TK:
-        # two consumer partitions of one warpgroup each, splitting the dims (_consumer_tk)
-        p_t = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, BLOCK_H],
-                                        gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H],
-                                                                             gl.bfloat16))
-        xs = gl.allocate_shared_memory(gl.float32, [2 * BLOCK_N, BLOCK_H],
-                                       gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-        sdone = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        rdone = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for j in gl.static_range(2):
-            mbarrier.init(sdone.index(j), count=1)
-            mbarrier.init(rdone.index(j), count=1)
-        gl.warp_specialize([
-            (_consumer_tk, (idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr,
-                            stride_lb, part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits,
-                            t_begin, t_end, lim, num_slots, qk_scale_log2, q_nope, q_rope,
-                            kv_nope, kv_rope, kv_raw, kv_scale, p_t, xs, q_bar, ready, empty,
-                            sdone, rdone, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, IS_FP8,
-                            DEQ_ROWS, 0)),
-            (_consumer_tk, (idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr,
-                            stride_lb, part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits,
-                            t_begin, t_end, lim, num_slots, qk_scale_log2, q_nope, q_rope,
-                            kv_nope, kv_rope, kv_raw, kv_scale, p_t, xs, q_bar, ready, empty,
-                            sdone, rdone, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, IS_FP8,
-                            DEQ_ROWS, 1)),
-            (_producer, (q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
-                         scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
-                         idx_ptr, stride_ib,
-                         b, h0, H, t_begin, t_end, lim, num_slots,
-                         q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, ids, q_bar, ready,
-                         empty, D_V, D_ROPE, BLOCK_H, BLOCK_N, ROWS, STAGES, PRODUCER_WARPS,
-                         IS_FP8, RAW_LAYOUT, SCALE_LAYOUT)),
-        ], [4, PRODUCER_WARPS], [TK_REGS, PRODUCER_REGS])
-    else:
-        # P^T of the transposed consumers (a minimal unused buffer for the 64-head ones)
-        p_t = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, P_COLS],
-                                        gl.NVMMASharedLayout.get_default_for([BLOCK_N, P_COLS],
-                                                                             gl.bfloat16))
-        gl.warp_specialize([
-            (_consumer, (idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
-                         part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
-                         num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
-                         kv_scale, p_t, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT,
-                         IS_FP8, DEQ_ROWS, DEQ_LAYOUT, TRANSPOSED)),
-            (_producer, (q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
-                         scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
-                         idx_ptr, stride_ib,
-                         b, h0, H, t_begin, t_end, lim, num_slots,
-                         q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, ids, q_bar, ready,
-                         empty, D_V, D_ROPE, BLOCK_H, BLOCK_N, ROWS, STAGES, PRODUCER_WARPS,
-                         IS_FP8, RAW_LAYOUT, SCALE_LAYOUT)),
-        ], [PRODUCER_WARPS], [PRODUCER_REGS])
+        mbarrier.init(empty.index(j), count=1)
+
+    # P^T of the transposed consumers (a minimal unused buffer for the 64-head ones)
+    p_t = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, P_COLS],
+                                    gl.NVMMASharedLayout.get_default_for([BLOCK_N, P_COLS],
+                                                                         gl.bfloat16))
+    gl.warp_specialize([
+        (_consumer, (idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
+                     part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
+                     num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
+                     kv_scale, p_t, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT,
+                     IS_FP8, DEQ_ROWS, DEQ_LAYOUT, TRANSPOSED)),
+        (_producer, (q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
+                     scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
+                     idx_ptr, stride_ib,
+                     b, h0, H, t_begin, t_end, lim, num_slots,
+                     q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, ids, q_bar, ready,
+                     empty, D_V, D_ROPE, BLOCK_H, BLOCK_N, ROWS, STAGES, PRODUCER_WARPS,
+                     IS_FP8, RAW_LAYOUT, SCALE_LAYOUT)),
+    ], [PRODUCER_WARPS], [PRODUCER_REGS])
 
 
 def ws_supported(q: torch.Tensor, kv_cache: torch.Tensor, d_v: int) -> Optional[str]:
@@ -744,9 +592,7 @@ def shared_memory_bytes(kind: str, d_v: int, stages: int, block_h: int = WS_BLOC
     ``[64, d_v]`` tile)."""
     q_block = block_h * (d_v + WS_BLOCK_N) * 2 + 2 * WS_BLOCK_N * 4
     if block_h < WS_BLOCK_H:
-        # P^T; with _consumer_tk one a warpgroup, and the partial scores (float32) of both
-        q_block += (WS_BLOCK_N * block_h * (2 * 2 + 2 * 4) if _TK
-                    else WS_BLOCK_N * block_h * 2)
+        q_block += WS_BLOCK_N * block_h * 2
     rope = WS_BLOCK_N * WS_BLOCK_N * 2
     if kind == "bf16":
         return q_block + stages * (WS_BLOCK_N * d_v * 2 + rope)
@@ -804,7 +650,7 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
     kernel = _sparse_mla_decode_ws_fwd[(bsz * num_splits * num_head_blocks,)](
         *kernel_args(q, kv_cache, kind, indices, sm_scale, d_v, plan, num_head_blocks),
         **_constexprs(kind, d_v, d_qk - d_v, stages, num_splits > 1, block_h),
-        num_warps=4 if (_TK and block_h < WS_BLOCK_H) else 8, maxnreg=_MAXNREG,
+        num_warps=8, maxnreg=_MAXNREG,
     )
     if num_splits > 1:
         combine_splits(part_o, part_lse, out, lse)
@@ -829,7 +675,6 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
     tpw_g = min(4, g)
     return dict(D_V=d_v, D_ROPE=d_rope, BLOCK_H=block_h, BLOCK_N=WS_BLOCK_N, STAGES=stages,
                 TRANSPOSED=block_h < WS_BLOCK_H,
-                TK=_TK and block_h < WS_BLOCK_H, TK_REGS=_TK_REGS,
                 P_COLS=block_h if block_h < WS_BLOCK_H else 8,
                 ROWS=_ROWS[kind], SPLIT=split, PRODUCER_WARPS=_PRODUCER_WARPS,
                 PRODUCER_REGS=_PRODUCER_REGS[kind], IS_FP8=kind == "fp8_ds_mla",
@@ -874,4 +719,4 @@ def compile_for_sm90(kind: str = "bf16", *, d_v: int = 512, d_rope: int = 64, st
     src = GluonASTSource(fn=fn, signature=signature, attrs=attrs,
                          constexprs={(names.index(n),): v for n, v in const.items()})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=4 if const["TK"] else 8, maxnreg=_MAXNREG))
+                          options=dict(num_warps=8, maxnreg=_MAXNREG))

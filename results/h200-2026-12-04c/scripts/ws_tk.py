@@ -1,0 +1,877 @@
+"""Warp-specialised sparse MLA decode for Hopper (Gluon): producer warps gather, two
+consumer warpgroups multiply.
+
+Same contract as :func:`backends.kernels.sparse_mla_decode.sparse_mla_decode` (its module doc
+has the semantics) for the shapes FlashMLA's Hopper decode serves: ``d_qk = d_v + 64`` with
+``d_v`` a power of two (DeepSeek-V3.2: 512 + 64), any number of query heads, bf16 or
+fp8_ds_mla KV rows (16-byte aligned). Only on a CUDA device of compute capability 9.x (wgmma,
+mbarriers, setmaxnreg); :func:`ws_supported` names what it cannot serve.
+
+Why a second kernel: the Triton kernel's compiled loop (sm_90a) issues the gather of tile
+``t + 1`` only after tile ``t``'s score MMAs and softmax, so the gather latency overlaps the PV
+MMA alone (BENCHMARKS 6k). Here the partitions of ``gl.warp_specialize`` keep the gather off
+that path, as FlashMLA's producer warps do:
+
+* **producer** (one warpgroup, 48 registers a thread): loads the query block once, and keeps
+  the slot ids one tile ahead in a two-entry ring in shared memory (``cp.async``). For every
+  64-token tile it waits for the tile's ids, issues the next tile's, waits for a free stage
+  (``empty`` mbarrier) and copies the rows into it with ``cp.async`` (16-byte vectors,
+  zero-filled for a masked id; fp8_ds_mla rows as stored: the NoPE bytes, the four float32
+  scales, the bf16 rope part). The copies arrive on the stage's ``ready`` mbarrier when they
+  land (``cp.async.mbarrier.arrive.noinc``, one arrival a producer thread), so the producer
+  goes on to the next tile at once: it runs up to ``STAGES`` tiles ahead.
+* **consumers** (the default partition, two warpgroups): wait for ``ready`` and fence the stage
+  for the tensor cores (async proxy); fp8_ds_mla rows are first dequantized from the stage into
+  one bf16 tile (``_DEQ_ROWS`` rows at a time, in registers) by both warpgroups. Then, per
+  program size:
+
+  - **64 heads** (``_consumer_64``; more heads run several programs, a remainder is masked):
+    ``S = q k^T`` as one 64 x 64 wgmma whose warps are laid out ``[4, 2]`` (each warpgroup
+    computes half of the tokens for all 64 heads, so ``S`` is computed once), a base-2 online
+    softmax (the row max across the warpgroups by the compiler's reduction), then
+    ``acc += P V`` as a 64 x 512 wgmma with the same layout (each warpgroup owns 256 of the V
+    columns; ``P`` reaches both through the stage's rope tile, which the score MMAs are done
+    with).
+  - **16 or 32 heads** (``_consumer_t``, transposed; a TP8 or TP4 shard): the tile's 64
+    tokens are the wgmma's M, so no head is padded: ``S^T = k q^T`` ``[64, BLOCK_H]`` with
+    warps ``[4, 2]`` (each warpgroup owns half of the heads, so the softmax over the tokens
+    stays within a warpgroup; the rope part first, under the fp8 dequantization), ``P^T``
+    through its own ``[64, BLOCK_H]`` buffer, and ``O^T += V^T P^T`` ``[d_v, BLOCK_H]`` with
+    warps ``[8, 1]`` (each warpgroup owns half of the V dims for all heads, so each reads half
+    of the tile's V).
+
+  The stage goes back to the producer (``empty``); the row sums are accumulated per element
+  and reduced once at the end.
+
+Shared memory (:func:`shared_memory_bytes`): the query block (72 KB at 64 heads, d_qk 576),
+512 bytes of slot ids, and ``stages`` stages of 64 tokens (bf16 rows: 72 KB each; fp8_ds_mla
+rows: 41 KB as stored, plus one 64 KB bf16 tile), of the 227 KB a program may have: two
+stages at 64 heads, three for fp8_ds_mla rows in 16-head programs (the default: the most that
+fit, at most 3). Measured on the H200 and why it is where it is (bf16 rows gather-bound, fp8
+rows bound by the dequantization): BENCHMARKS 6o, 6p.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Optional, Tuple
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier,
+                                                              warpgroup_mma, warpgroup_mma_wait)
+
+from backends.kernels.kv_format import fp8_ds_mla_offsets
+from backends.kernels.sparse_mla_decode import (LaunchInfo, check_decode_inputs, combine_splits,
+                                                kernel_args, plan_splits)
+
+__all__ = ["sparse_mla_decode_ws", "ws_supported", "shared_memory_bytes", "compile_for_sm90",
+           "WS_BLOCK_H", "WS_BLOCK_N"]
+
+#: query heads a program serves (one wgmma M) and top-k tokens a tile holds
+WS_BLOCK_H = 64
+WS_BLOCK_N = 64
+_PRODUCER_WARPS = 4
+#: per KV format: rows a producer step covers and the producer's registers a thread (the
+#: cp.async addresses, for both formats; the producer converts no fp8 rows: converting the last
+#: 16 or 32 rows of each tile at 56 registers while the consumers convert the others took 300.1
+#: / 307.4 us at B128 H128 against 243.0 on the H200, BENCHMARKS 6p: the consumers wait for
+#: its slower share)
+_ROWS = {"bf16": 16, "fp8_ds_mla": 16}
+_PRODUCER_REGS = {"bf16": 48, "fp8_ds_mla": 48}
+#: per KV format: at most this many query heads are served by 16- or 32-head programs with
+#: the transposed consumers, more by 64-head programs. Measured on the H200 (B128 top_k 2048,
+#: 32 heads): bf16 rows transposed 96.0 us, padded to 64 heads 100.3 (BENCHMARKS 6p); fp8 rows
+#: 109.4 against 122.7 since the transposed PV MMA reads half of V a warpgroup (6q; 130.0
+#: against 128.1 before)
+_T_MAX_HEADS = {"bf16": 32, "fp8_ds_mla": 32}
+#: fp8_ds_mla rows: rows the consumers dequantize at a time (registers: 4 x 16 bytes a thread).
+#: Measured on the H200 (BENCHMARKS 6p, B128 H128 top_k 2048): 8 rows 269.1 us, 16 247.9, 32
+#: 242.7, 64 285.7 (spills); the next tile's first 16 or 32 rows dequantized into registers
+#: while the PV MMA runs: 259.6-307.9 (spills at 224 or 232 registers); the next tile's rows
+#: dequantized straight into the bf16 tile as this tile's PV MMA finishes each token chunk
+#: (each warpgroup into the columns its own MMA reads): 252.8-265.2 against 244.9, and 254.4
+#: for the column-split layout alone, without overlap. With the swizzled stages (_constexprs):
+#: 16 rows 305.9, 32 241.2, 64 270.9 (spills)
+_DEQ_ROWS = 32
+#: the same for the transposed consumers (16- / 32-head programs: a 32-register accumulator;
+#: 64 rows 110.5 us against 111.9 for 32 at B128 H16; with the swizzled stages 104.0 against
+#: 106.1, BENCHMARKS 6p)
+_DEQ_ROWS_T = 64
+#: A/B switch (GPU call c12): transposed programs with two one-warpgroup consumer partitions
+#: splitting each tile by the V dims (_consumer_tk), and their registers a thread (the first
+#: partition gets the rest: (168 * 12 - 224 * 4 - 48 * 4) / 4 = 232)
+_TK = True
+_TK_REGS = 224
+#: registers per thread of the whole program: 12 warps x 32 x 168 <= 64 K; the consumers get
+#: (168 * 12 - 48 * 4) / 8 = 228 rounded down to setmaxnreg's multiple of 8: 224 (the PTX's
+#: setmaxnreg). ptxas 12.8 (Triton 3.6) for sm_90a: no spills for bf16 rows, 20 bytes for
+#: fp8_ds_mla rows (the consumers' dequantization)
+_MAXNREG = 168
+#: dynamic shared memory a program may have on the H200: 227 KB less the 1 KB of static shared
+#: memory ptxas gives the kernel, less 2 KB for the compiler's scratch and the mbarriers
+_SMEM_BUDGET = 227 * 1024 - 1024 - 2048
+#: names that differ between Triton 3.6 (the GPU machine's) and later versions: a barrier over
+#: the warps of the calling partition, and the cp.async copy into shared memory
+_partition_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+_cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+
+
+@gluon.jit
+def _copy_rows(dst, base_ptr, row, valid, stride, col0, WIDTH: gl.constexpr,
+               layout: gl.constexpr, VEC: gl.constexpr):
+    """Issues ``cp.async`` copies of ``WIDTH`` bf16 values of each row ``row [R]`` (int64, in
+    ``SliceLayout(1, layout)``) starting at column ``col0`` into ``dst [R, WIDTH]``; rows not
+    ``valid`` are zero-filled. ``VEC``: a power of two dividing ``stride`` and ``col0`` (8: the
+    16-byte copies cp.async needs)."""
+    cols = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
+    start = gl.multiple_of(row * stride + col0, VEC)
+    _cp_async(dst, base_ptr + start[:, None] + cols[None, :], mask=valid[:, None])
+
+
+@gluon.jit
+def _copy_ids(dst, idx_row, t, lim, BLOCK_N: gl.constexpr, layout: gl.constexpr):
+    """Issues ``cp.async`` copies (4 bytes each) of tile ``t``'s slot ids ``idx_row[t * BLOCK_N
+    :][:BLOCK_N]`` (int32) into ``dst [BLOCK_N]``; ids at ``lim`` or beyond are zero-filled (the
+    reader masks them again)."""
+    on = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=layout)
+    _cp_async(dst, idx_row + on, mask=on < lim)
+
+
+@gluon.jit
+def _copy_fp8_nope(dst, kv_ptr, stride_kv, idx, D_V: gl.constexpr, raw_l: gl.constexpr):
+    """Issues ``cp.async`` copies of the NoPE bytes of fp8_ds_mla rows ``idx [R]`` (int32 in
+    the row slice of ``raw_l``; < 0: zeros) into ``dst [R, D_V / 128, 128]`` uint8, as stored."""
+    G: gl.constexpr = D_V // 128
+    ok = idx >= 0
+    g = gl.arange(0, G, layout=gl.SliceLayout(0, gl.SliceLayout(2, raw_l)))
+    e = gl.arange(0, 128, layout=gl.SliceLayout(0, gl.SliceLayout(1, raw_l)))
+    start = gl.multiple_of(gl.where(ok, idx, 0).to(gl.int64) * stride_kv, 16)
+    _cp_async(dst, kv_ptr + start[:, None, None] + g[None, :, None] * 128 + e[None, None, :],
+              mask=ok[:, None, None])
+
+
+@gluon.jit
+def _copy_fp8_scales(dst, scale_ptr, stride_scale, scale_off, idx, D_V: gl.constexpr,
+                     scale_l: gl.constexpr):
+    """Issues ``cp.async`` copies (4 bytes each) of the per-128 float32 scales of fp8_ds_mla
+    rows ``idx [R]`` (int32 in the row slice of ``scale_l``; < 0: zeros) into
+    ``dst [R, D_V / 128]``."""
+    G: gl.constexpr = D_V // 128
+    ok = idx >= 0
+    g = gl.arange(0, G, layout=gl.SliceLayout(0, scale_l))
+    start = gl.where(ok, idx, 0).to(gl.int64) * stride_scale + scale_off
+    _cp_async(dst, scale_ptr + start[:, None] + g[None, :], mask=ok[:, None])
+
+
+@gluon.jit
+def _dequant_rows(raw, scales, row0: gl.constexpr, ROWS: gl.constexpr, D_V: gl.constexpr,
+                  deq_l: gl.constexpr):
+    """Rows ``[row0, row0 + ROWS)`` of fp8 e4m3 ``raw [BLOCK_N, D_V / 128, 128]`` x the per-128
+    ``scales [BLOCK_N, D_V / 128]`` float32 (both in shared memory) as bf16 ``[ROWS, D_V]`` in
+    registers (the float32 product rounded once, as the reference rounds it)."""
+    r = raw.slice(row0, ROWS).load(deq_l)
+    sc = scales.slice(row0, ROWS).load(gl.SliceLayout(2, deq_l))
+    vals = r.to(gl.float8e4nv, bitcast=True).to(gl.float32) * sc[:, :, None]
+    return gl.reshape(vals.to(gl.bfloat16), [ROWS, D_V])
+
+
+@gluon.jit
+def _stage_tile(kv_nope, kv_raw, kv_scale, s, IS_FP8: gl.constexpr, BLOCK_N: gl.constexpr,
+                DEQ_ROWS: gl.constexpr, D_V: gl.constexpr, deq_l: gl.constexpr):
+    """The consumers' K / V tile of stage ``s``, which has landed and been fenced: bf16 rows as
+    copied (``kv_nope[s]``); fp8 rows dequantized by both warpgroups from the stage into the
+    one bf16 tile ``kv_nope[0]`` (free: the previous tile's MMAs are done), ``DEQ_ROWS`` rows
+    at a time, then fenced for the tensor cores and a partition barrier."""
+    if IS_FP8:
+        kn = kv_nope.index(0)
+        for c in gl.static_range(BLOCK_N // DEQ_ROWS):
+            kn.slice(c * DEQ_ROWS, DEQ_ROWS).store(
+                _dequant_rows(kv_raw.index(s), kv_scale.index(s), c * DEQ_ROWS, DEQ_ROWS, D_V,
+                              deq_l))
+        fence_async_shared()
+        _partition_barrier()
+    else:
+        kn = kv_nope.index(s)
+    return kn
+
+
+@gluon.jit
+def _producer(q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
+              scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
+              idx_ptr, stride_ib,
+              b, h0, H, t_begin, t_end, lim, num_slots,
+              q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, ids, q_bar, ready, empty,
+              D_V: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
+              BLOCK_N: gl.constexpr, ROWS: gl.constexpr, STAGES: gl.constexpr,
+              WARPS: gl.constexpr, IS_FP8: gl.constexpr, raw_l: gl.constexpr,
+              scale_l: gl.constexpr):
+    nope_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])
+    rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
+    ids_l: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    idx_row = idx_ptr + b.to(gl.int64) * stride_ib
+    # ---- the query block and the first tile's slot ids, once ----
+    _copy_ids(ids.index(0), idx_row, t_begin, lim, BLOCK_N, ids_l)
+    for c in gl.static_range(BLOCK_H // ROWS):
+        hn = h0 + c * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, nope_l))
+        _copy_rows(q_nope.slice(c * ROWS, ROWS), q_ptr + b.to(gl.int64) * stride_qb,
+                   hn.to(gl.int64), hn < H, stride_qh, 0, D_V, nope_l, 8)
+        hr = h0 + c * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, rope_l))
+        _copy_rows(q_rope.slice(c * ROWS, ROWS), q_ptr + b.to(gl.int64) * stride_qb,
+                   hr.to(gl.int64), hr < H, stride_qh, D_V, D_ROPE, rope_l, 8)
+    async_copy.commit_group()
+    async_copy.wait_group(0)
+    fence_async_shared()
+    _partition_barrier()
+    mbarrier.arrive(q_bar, count=1)
+    # ---- the KV tiles of this split: each tile's slot ids come from shared memory, copied
+    # one tile ahead (their load latency off the gather's path); the rows' copies arrive on
+    # the stage's ready barrier when they land, so the next tile's go out at once ----
+    for t in range(t_begin, t_end):
+        i = t - t_begin
+        s = i % STAGES
+        cur = ids.index(i % 2)
+        # this tile's ids were the last copy group but one: landed, and seen by every thread
+        async_copy.wait_group(1)
+        _partition_barrier()
+        _copy_ids(ids.index((i + 1) % 2), idx_row, t + 1, lim, BLOCK_N, ids_l)
+        async_copy.commit_group()
+        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+        if IS_FP8:
+            on = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, scale_l))
+            idx = gl.where(on < lim, cur.load(gl.SliceLayout(1, scale_l)), -1)
+            _copy_fp8_scales(kv_scale.index(s), scale_ptr, stride_scale, scale_off,
+                             gl.where((idx >= 0) & (idx < num_slots), idx, -1), D_V, scale_l)
+        for c in gl.static_range(BLOCK_N // ROWS):
+            on = t * BLOCK_N + c * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, rope_l))
+            idx = gl.where(on < lim, cur.slice(c * ROWS, ROWS).load(gl.SliceLayout(1, rope_l)),
+                           -1)
+            ok = (idx >= 0) & (idx < num_slots)
+            idx = gl.where(ok, idx, -1)
+            _copy_rows(kv_rope.index(s).slice(c * ROWS, ROWS), rope_ptr,
+                       gl.where(ok, idx, 0).to(gl.int64), ok, stride_rope, rope_off, D_ROPE,
+                       rope_l, 8)
+            if IS_FP8:
+                _copy_fp8_nope(kv_raw.index(s).slice(c * ROWS, ROWS), kv_ptr, stride_kv,
+                               gl.convert_layout(idx, gl.SliceLayout(1, gl.SliceLayout(2, raw_l))),
+                               D_V, raw_l)
+            else:
+                ok_n = gl.convert_layout(ok, gl.SliceLayout(1, nope_l))
+                idx_n = gl.convert_layout(idx, gl.SliceLayout(1, nope_l))
+                _copy_rows(kv_nope.index(s).slice(c * ROWS, ROWS), kv_ptr,
+                           gl.where(ok_n, idx_n, 0).to(gl.int64), ok_n, stride_kv, 0, D_V,
+                           nope_l, 8)
+        async_copy.commit_group()
+        # each producer thread's copies arrive on the stage's barrier (count: the producer's
+        # threads) when they land; the consumers fence them for the tensor cores
+        async_copy.mbarrier_arrive(ready.index(s), increment_count=False)
+
+
+@gluon.jit
+def _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
+                 part_o_ptr, part_lse_ptr,
+                 b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
+                 q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, q_bar, ready, empty,
+                 D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+                 STAGES: gl.constexpr, SPLIT: gl.constexpr, IS_FP8: gl.constexpr,
+                 DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr):
+    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                  instr_shape=[16, BLOCK_N // 2, 16])
+    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                  instr_shape=[16, D_V // 2, 16])
+    row_s: gl.constexpr = gl.SliceLayout(1, s_l)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_l)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_l)
+
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=row_s)
+    l_el = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_l)   # row sums, per element
+    acc = gl.zeros([BLOCK_H, D_V], gl.float32, layout=o_l)
+    s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_l)
+
+    idx_row = idx_ptr + b.to(gl.int64) * stride_ib
+    offs_n = gl.arange(0, BLOCK_N, layout=col_s)
+    on = t_begin * BLOCK_N + offs_n
+    n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
+    mbarrier.wait(q_bar, 0)
+    for t in range(t_begin, t_end):
+        i = t - t_begin
+        s = i % STAGES
+        idx = n_idx
+        on = (t + 1) * BLOCK_N + offs_n                 # the next tile's ids, early
+        n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
+        valid = (idx >= 0) & (idx < num_slots)
+
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        fence_async_shared()        # the producer's copies, for the tensor cores
+        kn = _stage_tile(kv_nope, kv_raw, kv_scale, s, IS_FP8, BLOCK_N, DEQ_ROWS, D_V, deq_l)
+        sc = warpgroup_mma(q_nope, kn.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        sc = warpgroup_mma(q_rope, kv_rope.index(s).permute((1, 0)), sc, is_async=True)
+        sc = warpgroup_mma_wait(0, deps=[sc])
+
+        sc = gl.where(valid[None, :], sc * qk_scale_log2, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(sc, axis=1))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(sc - m_use[:, None])
+        l_el = l_el * alpha[:, None] + p
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+        # P to both warpgroups through shared memory, one barrier (each writes its tokens'
+        # columns), and the PV MMA reads it from there: into the stage's rope tile, which has
+        # the same shape and layout ([64, 64] bf16) and which the score MMAs are done with
+        # (both warpgroups' score MMAs are done with it once the row max above has crossed the
+        # warpgroups: the compiler's reduction syncs the partition between the wait and this
+        # store; tests/test_sparse_mla_decode_ws.py checks that in the sm_90a PTX)
+        p_smem = kv_rope.index(s)
+        p_smem.store(p.to(gl.bfloat16))
+        fence_async_shared()
+        _partition_barrier()
+        acc = warpgroup_mma(p_smem, kn, acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        _partition_barrier()
+        mbarrier.arrive(empty.index(s), count=1)
+        m_i = m_new
+
+    l_i = gl.sum(l_el, axis=1)
+    has = l_i > 0.0
+    l_safe = gl.where(has, l_i, 1.0)
+    lse2 = m_i + gl.log2(l_safe)
+    o = acc / gl.convert_layout(l_safe, row_o)[:, None]
+    offs_h = h0 + gl.arange(0, BLOCK_H, layout=row_o)
+    offs_v = gl.arange(0, D_V, layout=gl.SliceLayout(0, o_l))
+    h_ok = offs_h < H
+    offs_hs = h0 + gl.arange(0, BLOCK_H, layout=row_s)
+    if SPLIT:
+        part_o = (((b * H + offs_h).to(gl.int64) * num_splits + split) * D_V)
+        gl.store(part_o_ptr + part_o[:, None] + offs_v[None, :], o, mask=h_ok[:, None])
+        part_l = (b * H + offs_hs).to(gl.int64) * num_splits + split
+        gl.store(part_lse_ptr + part_l, gl.where(has, lse2 * 0.6931471805599453, float("-inf")),
+                 mask=offs_hs < H)
+    else:
+        o_row = out_ptr + b.to(gl.int64) * stride_ob + offs_h.to(gl.int64) * stride_oh
+        gl.store(o_row[:, None] + offs_v[None, :], o.to(gl.bfloat16), mask=h_ok[:, None])
+        gl.store(lse_ptr + b.to(gl.int64) * stride_lb + offs_hs,
+                 gl.where(has, lse2 * 0.6931471805599453, float("inf")), mask=offs_hs < H)
+
+
+@gluon.jit
+def _consumer_t(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
+                part_o_ptr, part_lse_ptr,
+                b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
+                q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, p_t, q_bar, ready, empty,
+                D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+                STAGES: gl.constexpr, SPLIT: gl.constexpr, IS_FP8: gl.constexpr,
+                DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr):
+    """The consumers for few heads (``BLOCK_H`` 16 or 32: a TP8 or TP4 shard of
+    DeepSeek-V3.2's 128), everything transposed so that the tile's 64 tokens are the wgmma M:
+    ``S^T = k q^T`` ``[BLOCK_N, BLOCK_H]`` with warps laid out ``[4, 2]`` (each warpgroup owns
+    half of the heads, so the softmax over the tokens stays inside a warpgroup; both read the
+    whole K tile) and ``O^T += V^T P^T`` ``[D_V, BLOCK_H]`` with warps ``[8, 1]`` (each
+    warpgroup owns half of the V dims for all heads and reads half of the V tile). No head
+    padding: the MMAs do the work of ``BLOCK_H`` heads, not 64."""
+    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                  instr_shape=[16, BLOCK_H // 2, 16])
+    tok_s: gl.constexpr = gl.SliceLayout(1, s_l)
+    head_s: gl.constexpr = gl.SliceLayout(0, s_l)
+    # O^T += V^T P^T with the warpgroups stacked along M: each owns half of the V dims for all
+    # heads and reads only its half of the tile's V (B128 H16 fp8 rows 94.4 us against 102.8
+    # split by heads as the scores are, bf16 rows 89.3 against 91.3; BENCHMARKS 6q)
+    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                  instr_shape=[16, BLOCK_H, 16])
+    head_o: gl.constexpr = gl.SliceLayout(0, o_l)
+
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=head_s)
+    l_el = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_l)   # column sums, per element
+    acc = gl.zeros([D_V, BLOCK_H], gl.float32, layout=o_l)
+    s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_l)
+
+    idx_row = idx_ptr + b.to(gl.int64) * stride_ib
+    offs_n = gl.arange(0, BLOCK_N, layout=tok_s)
+    on = t_begin * BLOCK_N + offs_n
+    n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
+    mbarrier.wait(q_bar, 0)
+    for t in range(t_begin, t_end):
+        i = t - t_begin
+        s = i % STAGES
+        idx = n_idx
+        on = (t + 1) * BLOCK_N + offs_n                 # the next tile's ids, early
+        n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
+        valid = (idx >= 0) & (idx < num_slots)
+
+        # the rope part of the scores first: it needs no dequantization, so for fp8 rows it
+        # runs while the tile is dequantized (B128 H16: 101.5 us against 103.4 with it after
+        # the NoPE part; in the 64-head programs the same order took 274.9 against 240.8,
+        # BENCHMARKS 6q)
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        fence_async_shared()        # the producer's copies, for the tensor cores
+        sc = warpgroup_mma(kv_rope.index(s), q_rope.permute((1, 0)), s_zero, use_acc=False,
+                           is_async=True)
+        kn = _stage_tile(kv_nope, kv_raw, kv_scale, s, IS_FP8, BLOCK_N, DEQ_ROWS, D_V, deq_l)
+        sc = warpgroup_mma(kn, q_nope.permute((1, 0)), sc, is_async=True)
+        sc = warpgroup_mma_wait(0, deps=[sc])
+
+        sc = gl.where(valid[:, None], sc * qk_scale_log2, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(sc, axis=0))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(sc - m_use[None, :])
+        l_el = l_el * alpha[None, :] + p
+        acc = acc * gl.convert_layout(alpha, head_o)[None, :]
+        # P^T to its own buffer: each warpgroup writes its heads' columns, and after the
+        # barrier each reads all of them (its PV MMA covers every head for half of the dims)
+        p_t.store(p.to(gl.bfloat16))
+        fence_async_shared()
+        _partition_barrier()
+        acc = warpgroup_mma(kn.permute((1, 0)), p_t, acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        _partition_barrier()
+        mbarrier.arrive(empty.index(s), count=1)
+        m_i = m_new
+
+    l_i = gl.sum(l_el, axis=0)
+    has = l_i > 0.0
+    l_safe = gl.where(has, l_i, 1.0)
+    lse2 = m_i + gl.log2(l_safe)
+    o = acc / gl.convert_layout(l_safe, head_o)[None, :]
+    offs_h = h0 + gl.arange(0, BLOCK_H, layout=head_s)
+    offs_ho = h0 + gl.arange(0, BLOCK_H, layout=head_o)
+    offs_v = gl.arange(0, D_V, layout=gl.SliceLayout(1, o_l))
+    h_ok = offs_h < H
+    ho_ok = offs_ho < H
+    if SPLIT:
+        part_o = (((b * H + offs_ho).to(gl.int64) * num_splits + split) * D_V)
+        gl.store(part_o_ptr + part_o[None, :] + offs_v[:, None], o, mask=ho_ok[None, :])
+        part_l = (b * H + offs_h).to(gl.int64) * num_splits + split
+        gl.store(part_lse_ptr + part_l, gl.where(has, lse2 * 0.6931471805599453, float("-inf")),
+                 mask=h_ok)
+    else:
+        o_col = out_ptr + b.to(gl.int64) * stride_ob + offs_ho.to(gl.int64) * stride_oh
+        gl.store(o_col[None, :] + offs_v[:, None], o.to(gl.bfloat16), mask=ho_ok[None, :])
+        gl.store(lse_ptr + b.to(gl.int64) * stride_lb + offs_h,
+                 gl.where(has, lse2 * 0.6931471805599453, float("inf")), mask=h_ok)
+
+
+@gluon.jit
+def _consumer_tk(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
+                 part_o_ptr, part_lse_ptr,
+                 b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
+                 q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, p_t, xs, q_bar, ready,
+                 empty, sdone, rdone,
+                 D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+                 STAGES: gl.constexpr, SPLIT: gl.constexpr, IS_FP8: gl.constexpr,
+                 DEQ_ROWS: gl.constexpr, WG: gl.constexpr):
+    """One of the two consumer warpgroups (a partition each) of a transposed program (16 or
+    32 heads), splitting every tile's work by the V / NoPE dims: warpgroup ``WG`` dequantizes
+    (fp8 rows) and reads only dims ``[WG * D_V / 2, (WG + 1) * D_V / 2)`` of the tile, computes
+    the scores' partial sum over them (warpgroup 0 with the rope part) for all heads, adds the
+    other warpgroup's partial (through ``xs``; ``sdone`` / ``rdone``: written / read), and
+    owns those dims of ``O^T``. So the K and V tiles are each read once a tile, not once per
+    warpgroup."""
+    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BLOCK_H, 16])
+    deq_l: gl.constexpr = gl.BlockedLayout([1, 1, 16], [8, 1, 4], [4, 1, 1], [2, 1, 0])
+    tok_s: gl.constexpr = gl.SliceLayout(1, s_l)
+    head_s: gl.constexpr = gl.SliceLayout(0, s_l)
+    HALF: gl.constexpr = D_V // 2
+    G2: gl.constexpr = HALF // 128
+
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=head_s)
+    l_el = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_l)   # column sums, per element
+    acc = gl.zeros([HALF, BLOCK_H], gl.float32, layout=s_l)
+    s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_l)
+    pt = p_t.index(WG)
+    q_half = q_nope.slice(WG * HALF, HALF, dim=1).permute((1, 0))
+
+    idx_row = idx_ptr + b.to(gl.int64) * stride_ib
+    offs_n = gl.arange(0, BLOCK_N, layout=tok_s)
+    on = t_begin * BLOCK_N + offs_n
+    n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
+    mbarrier.wait(q_bar, 0)
+    for t in range(t_begin, t_end):
+        i = t - t_begin
+        s = i % STAGES
+        idx = n_idx
+        on = (t + 1) * BLOCK_N + offs_n                 # the next tile's ids, early
+        n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
+        valid = (idx >= 0) & (idx < num_slots)
+
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        fence_async_shared()        # the producer's copies, for the tensor cores
+        if WG == 0:
+            sc = warpgroup_mma(kv_rope.index(s), q_rope.permute((1, 0)), s_zero, use_acc=False,
+                               is_async=True)
+        if IS_FP8:
+            kn = kv_nope.index(0).slice(WG * HALF, HALF, dim=1)
+            raw = kv_raw.index(s).slice(WG * G2, G2, dim=1)
+            scales = kv_scale.index(s).slice(WG * G2, G2, dim=1)
+            for c in gl.static_range(BLOCK_N // DEQ_ROWS):
+                kn.slice(c * DEQ_ROWS, DEQ_ROWS).store(
+                    _dequant_rows(raw, scales, c * DEQ_ROWS, DEQ_ROWS, HALF, deq_l))
+            fence_async_shared()
+            _partition_barrier()
+        else:
+            kn = kv_nope.index(s).slice(WG * HALF, HALF, dim=1)
+        if WG == 0:
+            sc = warpgroup_mma(kn, q_half, sc, is_async=True)
+        else:
+            sc = warpgroup_mma(kn, q_half, s_zero, use_acc=False, is_async=True)
+        sc = warpgroup_mma_wait(0, deps=[sc])
+        # the other warpgroup's partial scores: mine out once it has read my previous ones
+        mbarrier.wait(rdone.index(WG), (i & 1) ^ 1)
+        xs.slice(WG * BLOCK_N, BLOCK_N).store(sc)
+        _partition_barrier()
+        mbarrier.arrive(sdone.index(WG), count=1)
+        mbarrier.wait(sdone.index(1 - WG), i & 1)
+        sc = sc + xs.slice((1 - WG) * BLOCK_N, BLOCK_N).load(s_l)
+        _partition_barrier()
+        mbarrier.arrive(rdone.index(1 - WG), count=1)
+
+        sc = gl.where(valid[:, None], sc * qk_scale_log2, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(sc, axis=0))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(sc - m_use[None, :])
+        l_el = l_el * alpha[None, :] + p
+        acc = acc * alpha[None, :]
+        pt.store(p.to(gl.bfloat16))
+        fence_async_shared()
+        _partition_barrier()
+        acc = warpgroup_mma(kn.permute((1, 0)), pt, acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        _partition_barrier()
+        mbarrier.arrive(empty.index(s), count=1)
+        m_i = m_new
+
+    l_i = gl.sum(l_el, axis=0)
+    has = l_i > 0.0
+    l_safe = gl.where(has, l_i, 1.0)
+    lse2 = m_i + gl.log2(l_safe)
+    o = acc / l_safe[None, :]
+    offs_h = h0 + gl.arange(0, BLOCK_H, layout=head_s)
+    offs_v = WG * HALF + gl.arange(0, HALF, layout=tok_s)
+    h_ok = offs_h < H
+    if SPLIT:
+        part_o = (((b * H + offs_h).to(gl.int64) * num_splits + split) * D_V)
+        gl.store(part_o_ptr + part_o[None, :] + offs_v[:, None], o, mask=h_ok[None, :])
+        if WG == 0:
+            part_l = (b * H + offs_h).to(gl.int64) * num_splits + split
+            gl.store(part_lse_ptr + part_l,
+                     gl.where(has, lse2 * 0.6931471805599453, float("-inf")), mask=h_ok)
+    else:
+        o_col = out_ptr + b.to(gl.int64) * stride_ob + offs_h.to(gl.int64) * stride_oh
+        gl.store(o_col[None, :] + offs_v[:, None], o.to(gl.bfloat16), mask=h_ok[None, :])
+        if WG == 0:
+            gl.store(lse_ptr + b.to(gl.int64) * stride_lb + offs_h,
+                     gl.where(has, lse2 * 0.6931471805599453, float("inf")), mask=h_ok)
+
+
+@gluon.jit
+def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
+              part_o_ptr, part_lse_ptr,
+              b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
+              q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, p_t, q_bar, ready, empty,
+              D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, SPLIT: gl.constexpr, IS_FP8: gl.constexpr,
+              DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr, TRANSPOSED: gl.constexpr):
+    """The consumer partition: 64-head programs (:func:`_consumer_64`) or, for fewer heads,
+    the transposed ones (:func:`_consumer_t`)."""
+    if TRANSPOSED:
+        _consumer_t(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
+                    part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
+                    num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
+                    kv_scale, p_t, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT,
+                    IS_FP8, DEQ_ROWS, deq_l)
+    else:
+        _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
+                     part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
+                     num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
+                     kv_scale, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT,
+                     IS_FP8, DEQ_ROWS, deq_l)
+
+
+@gluon.jit
+def _sparse_mla_decode_ws_fwd(
+        q_ptr, stride_qb, stride_qh,          # q [B, H, D_V + D_ROPE] bf16
+        kv_ptr, stride_kv,                    # bf16 rows [N, D_V + D_ROPE], or fp8_ds_mla bytes
+        scale_ptr, stride_scale, scale_off,   # fp8: float32 view of the rows, scales at scale_off
+        rope_ptr, stride_rope, rope_off,      # bf16 view of the rows, rope values at rope_off
+        idx_ptr, stride_ib,                   # indices [B, K] int32
+        out_ptr, stride_ob, stride_oh,        # out [B, H, D_V] bf16        (not SPLIT)
+        lse_ptr, stride_lb,                   # lse [B, H] fp32             (not SPLIT)
+        part_o_ptr, part_lse_ptr,             # [B, H, S, D_V] / [B, H, S] fp32 (SPLIT)
+        H, K, num_slots, num_splits, tiles_per_split, num_head_blocks,
+        qk_scale_log2,
+        D_V: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+        STAGES: gl.constexpr, ROWS: gl.constexpr, SPLIT: gl.constexpr,
+        PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+        IS_FP8: gl.constexpr, RAW_LAYOUT: gl.constexpr, SCALE_LAYOUT: gl.constexpr,
+        DEQ_ROWS: gl.constexpr, DEQ_LAYOUT: gl.constexpr, RAW_SMEM: gl.constexpr,
+        SCALE_SMEM: gl.constexpr, TRANSPOSED: gl.constexpr,
+        P_COLS: gl.constexpr, TK: gl.constexpr, TK_REGS: gl.constexpr):
+    pid = gl.program_id(0)
+    hb = pid % num_head_blocks
+    rest = pid // num_head_blocks
+    split = rest % num_splits
+    b = rest // num_splits
+    h0 = hb * BLOCK_H
+    n_tiles = gl.cdiv(K, BLOCK_N)
+    t_begin = split * tiles_per_split
+    t_end = gl.minimum(t_begin + tiles_per_split, n_tiles)
+    lim = gl.minimum(K, t_end * BLOCK_N)
+
+    sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    q_nope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, D_V], sh)
+    q_rope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, D_ROPE], sh)
+    kv_rope = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D_ROPE], sh)
+    if IS_FP8:
+        # the stages hold the rows as stored (bytes and scales); one bf16 tile for the MMAs
+        G: gl.constexpr = D_V // 128
+        kv_nope = gl.allocate_shared_memory(gl.bfloat16, [1, BLOCK_N, D_V], sh)
+        kv_raw = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, G, 128], RAW_SMEM)
+        kv_scale = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N, G], SCALE_SMEM)
+    else:
+        kv_nope = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D_V], sh)
+        kv_raw = gl.allocate_shared_memory(gl.uint8, [1, 1, 1, 16], RAW_SMEM)       # unused
+        kv_scale = gl.allocate_shared_memory(gl.float32, [1, 1, 4], SCALE_SMEM)     # unused
+    ids = gl.allocate_shared_memory(gl.int32, [2, BLOCK_N],
+                                    gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for j in gl.static_range(STAGES):
+        mbarrier.init(ready.index(j), count=PRODUCER_WARPS * 32)
+        mbarrier.init(empty.index(j), count=2 if TK else 1)
+    if TK:
+        # two consumer partitions of one warpgroup each, splitting the dims (_consumer_tk)
+        p_t = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, BLOCK_H],
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H],
+                                                                             gl.bfloat16))
+        xs = gl.allocate_shared_memory(gl.float32, [2 * BLOCK_N, BLOCK_H],
+                                       gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        sdone = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        rdone = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for j in gl.static_range(2):
+            mbarrier.init(sdone.index(j), count=1)
+            mbarrier.init(rdone.index(j), count=1)
+        gl.warp_specialize([
+            (_consumer_tk, (idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr,
+                            stride_lb, part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits,
+                            t_begin, t_end, lim, num_slots, qk_scale_log2, q_nope, q_rope,
+                            kv_nope, kv_rope, kv_raw, kv_scale, p_t, xs, q_bar, ready, empty,
+                            sdone, rdone, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, IS_FP8,
+                            DEQ_ROWS, 0)),
+            (_consumer_tk, (idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr,
+                            stride_lb, part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits,
+                            t_begin, t_end, lim, num_slots, qk_scale_log2, q_nope, q_rope,
+                            kv_nope, kv_rope, kv_raw, kv_scale, p_t, xs, q_bar, ready, empty,
+                            sdone, rdone, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, IS_FP8,
+                            DEQ_ROWS, 1)),
+            (_producer, (q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
+                         scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
+                         idx_ptr, stride_ib,
+                         b, h0, H, t_begin, t_end, lim, num_slots,
+                         q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, ids, q_bar, ready,
+                         empty, D_V, D_ROPE, BLOCK_H, BLOCK_N, ROWS, STAGES, PRODUCER_WARPS,
+                         IS_FP8, RAW_LAYOUT, SCALE_LAYOUT)),
+        ], [4, PRODUCER_WARPS], [TK_REGS, PRODUCER_REGS])
+    else:
+        # P^T of the transposed consumers (a minimal unused buffer for the 64-head ones)
+        p_t = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, P_COLS],
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_N, P_COLS],
+                                                                             gl.bfloat16))
+        gl.warp_specialize([
+            (_consumer, (idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
+                         part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
+                         num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
+                         kv_scale, p_t, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT,
+                         IS_FP8, DEQ_ROWS, DEQ_LAYOUT, TRANSPOSED)),
+            (_producer, (q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
+                         scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
+                         idx_ptr, stride_ib,
+                         b, h0, H, t_begin, t_end, lim, num_slots,
+                         q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, ids, q_bar, ready,
+                         empty, D_V, D_ROPE, BLOCK_H, BLOCK_N, ROWS, STAGES, PRODUCER_WARPS,
+                         IS_FP8, RAW_LAYOUT, SCALE_LAYOUT)),
+        ], [PRODUCER_WARPS], [PRODUCER_REGS])
+
+
+def ws_supported(q: torch.Tensor, kv_cache: torch.Tensor, d_v: int) -> Optional[str]:
+    """Why the warp-specialised kernel cannot serve these inputs (one line), or None when it
+    can: a CUDA device of compute capability 9.x, ``d_v`` a power of two in [128, 512] and
+    ``d_qk - d_v`` = 64 (DeepSeek-V3.2's rope part) (the KV row format itself is checked by
+    ``check_decode_inputs``), and 16-byte aligned rows, rope
+    part and query rows (cp.async; fp8_ds_mla rows at d_v 512 have their rope part at byte 528,
+    at d_v 256 at byte 264: not served)."""
+    if q.device.type != "cuda":
+        return f"needs a CUDA device (tensors on {q.device})"
+    major = torch.cuda.get_device_capability(q.device)[0]
+    if major != 9:
+        return f"needs compute capability 9.x (wgmma), this device has {major}.x"
+    d_rope = q.shape[-1] - d_v
+    if not (128 <= d_v <= 512 and d_v & (d_v - 1) == 0 and d_rope == WS_BLOCK_N):
+        return (f"needs d_v a power of two in [128, 512] and d_qk - d_v = {WS_BLOCK_N} (a "
+                f"stage's rope tile doubles as P's buffer), got d_v={d_v}, d_rope={d_rope}")
+    # cp.async moves 16-byte vectors: rows, the query and the rope part 16-byte aligned
+    row_bytes_ = kv_cache.stride(0) * kv_cache.element_size()
+    rope_byte = d_v * 2 if kv_cache.dtype == torch.bfloat16 else fp8_ds_mla_offsets(d_v, d_rope)[1]
+    if (row_bytes_ % 16 or rope_byte % 16 or kv_cache.data_ptr() % 16 or q.data_ptr() % 16
+            or (q.stride(0) * 2) % 16 or (q.stride(1) * 2) % 16):
+        return ("needs 16-byte aligned KV rows (stride and rope offset), query rows and base "
+                f"pointers (cp.async); got a row stride of {row_bytes_} B, the rope part at byte "
+                f"{rope_byte}, query strides {tuple(q.stride())}")
+    return None
+
+
+def block_heads(num_heads: int, kind: str) -> int:
+    """Query heads one program serves for ``num_heads`` and KV rows of ``kind``: 16 or 32 (the
+    transposed consumers, :func:`_consumer_t`) for at most ``_T_MAX_HEADS[kind]`` heads, else
+    64 (more heads: several programs, a remainder padded with masked rows)."""
+    t_max = _T_MAX_HEADS[kind]
+    if num_heads <= min(16, t_max):
+        return 16
+    if num_heads <= t_max:
+        return 32
+    return WS_BLOCK_H
+
+
+def shared_memory_bytes(kind: str, d_v: int, stages: int, block_h: int = WS_BLOCK_H) -> int:
+    """Shared memory the kernel allocates, in bytes, besides the compiler's scratch (a few
+    hundred bytes) and its mbarriers: the query block ``[block_h, d_v + 64]`` bf16, two tiles'
+    slot ids (int32), P^T ``[64, block_h]`` bf16 when ``block_h`` < 64 (the transposed
+    consumers), and ``stages`` stages of 64 tokens (bf16 rows: ``[64, d_v + 64]`` bf16;
+    fp8_ds_mla rows: the NoPE bytes, the float32 scales and the bf16 rope part, plus one bf16
+    ``[64, d_v]`` tile)."""
+    q_block = block_h * (d_v + WS_BLOCK_N) * 2 + 2 * WS_BLOCK_N * 4
+    if block_h < WS_BLOCK_H:
+        # P^T; with _consumer_tk one a warpgroup, and the partial scores (float32) of both
+        q_block += (WS_BLOCK_N * block_h * (2 * 2 + 2 * 4) if _TK
+                    else WS_BLOCK_N * block_h * 2)
+    rope = WS_BLOCK_N * WS_BLOCK_N * 2
+    if kind == "bf16":
+        return q_block + stages * (WS_BLOCK_N * d_v * 2 + rope)
+    return (q_block + WS_BLOCK_N * d_v * 2
+            + stages * (WS_BLOCK_N * d_v + WS_BLOCK_N * (d_v // 128) * 4 + rope))
+
+
+def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor,
+                         sm_scale: float, d_v: int = 512, *, num_splits: Optional[int] = None,
+                         stages: Optional[int] = None, num_sms: Optional[int] = None
+                         ) -> Tuple[torch.Tensor, torch.Tensor, LaunchInfo]:
+    """Sparse MQA decode over top-k gathered KV rows, warp-specialised (Hopper).
+
+    Args and returns as :func:`backends.kernels.sparse_mla_decode.sparse_mla_decode_with_info`
+    (``q [B, H, d_qk]`` bf16, ``kv_cache [num_slots, d_qk]`` bf16 or ``[num_slots, row_bytes]``
+    uint8 fp8_ds_mla rows, ``indices [B, K]`` int32 ->
+    ``out [B, H, d_v]`` bf16, ``lse [B, H]`` fp32 natural log, and the call's
+    :class:`~backends.kernels.sparse_mla_decode.LaunchInfo`), within the limits of
+    :func:`ws_supported` (ValueError naming the limit otherwise, before any launch).
+    ``num_splits``: top-k splits (flash-decoding; default the same wave model);
+    ``stages``: KV tiles in shared memory (default the most that fit, at most 3: 2 at d_qk 576
+    with 64-head programs, 3 for fp8_ds_mla rows in 16-head programs; more than fit is a
+    ValueError naming the bytes, :func:`shared_memory_bytes`; 1 serialises gather and MMAs).
+    """
+    if isinstance(q, torch.Tensor) and q.device.type != "cuda":
+        raise ValueError(f"sparse_mla_decode_ws needs a CUDA device (tensors on {q.device}; the "
+                         "Triton interpreter cannot run Gluon kernels)")
+    kind, sm_scale = check_decode_inputs(q, kv_cache, indices, sm_scale, d_v)
+    why = ws_supported(q, kv_cache, d_v)
+    if why is not None:
+        raise ValueError(f"sparse_mla_decode_ws {why}")
+    if stages is not None and (not isinstance(stages, int) or isinstance(stages, bool)
+                               or stages < 1):
+        raise ValueError(f"stages must be an int >= 1, got {stages!r}")
+    bsz, num_heads, d_qk = q.shape
+    block_h = block_heads(num_heads, kind)
+    if stages is None:
+        stages = max([s for s in (2, 3)
+                      if shared_memory_bytes(kind, d_v, s, block_h) <= _SMEM_BUDGET] or [2])
+    need = shared_memory_bytes(kind, d_v, stages, block_h)
+    if need > _SMEM_BUDGET:
+        most = max(s for s in range(1, 9)
+                   if shared_memory_bytes(kind, d_v, s, block_h) <= _SMEM_BUDGET)
+        raise ValueError(f"stages={stages} needs {need} bytes of shared memory for {kind} rows at "
+                         f"d_v={d_v} and {block_h}-head programs; a program may have "
+                         f"{_SMEM_BUDGET} (at most {most} stages)")
+    top_k, num_slots = indices.shape[1], kv_cache.shape[0]
+    plan = plan_splits(q, top_k, num_slots, d_v, block_h, WS_BLOCK_N, num_splits, num_sms)
+    out, lse, num_splits, _, part_o, part_lse = plan
+    info = LaunchInfo(block_h, WS_BLOCK_N, 8, stages, max(num_splits, 1), "producer", True,
+                      kernel="ws")
+    if num_splits == 0:
+        return out, lse, info
+    num_head_blocks = -(-num_heads // block_h)
+    kernel = _sparse_mla_decode_ws_fwd[(bsz * num_splits * num_head_blocks,)](
+        *kernel_args(q, kv_cache, kind, indices, sm_scale, d_v, plan, num_head_blocks),
+        **_constexprs(kind, d_v, d_qk - d_v, stages, num_splits > 1, block_h),
+        num_warps=4 if (_TK and block_h < WS_BLOCK_H) else 8, maxnreg=_MAXNREG,
+    )
+    if num_splits > 1:
+        combine_splits(part_o, part_lse, out, lse)
+    n_regs, n_spills = getattr(kernel, "n_regs", None), getattr(kernel, "n_spills", None)
+    return out, lse, replace(info, n_regs=None if n_regs is None else int(n_regs),
+                             n_spills=None if n_spills is None else int(n_spills),
+                             smem_bytes=getattr(getattr(kernel, "metadata", None), "shared", None))
+
+
+def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
+                block_h: int = WS_BLOCK_H) -> dict:
+    """The kernel's compile-time arguments for KV rows of ``kind``: the fp8 layouts cover a
+    row's ``d_v / 128`` scale groups of 128 bytes with 16-byte vectors (producer: 4 warps, a
+    token's groups a warp; consumers' dequantization: 8 warps, 8 tokens x 64 bytes a warp). The
+    stages hold the bytes group-major (``[G][tokens][128]``) with each token's 16-byte vectors
+    XORed by the token (mod 8), so those reads, and the dequantized stores (8 rows of one
+    128-byte column block of the bf16 tile a warp), are free of bank conflicts. Measured on the
+    H200 (BENCHMARKS 6p, fp8_ds_mla rows, top_k 2048): B128 H128 240.4 us against 246.5 for
+    unswizzled rows read a token x 512 bytes a warp (whose stores hit the same offsets of 8
+    column blocks), B128 H16 104.0 against 111.2, B8 33.3 against 32.4."""
+    g = d_v // 128
+    tpw_g = min(4, g)
+    return dict(D_V=d_v, D_ROPE=d_rope, BLOCK_H=block_h, BLOCK_N=WS_BLOCK_N, STAGES=stages,
+                TRANSPOSED=block_h < WS_BLOCK_H,
+                TK=_TK and block_h < WS_BLOCK_H, TK_REGS=_TK_REGS,
+                P_COLS=block_h if block_h < WS_BLOCK_H else 8,
+                ROWS=_ROWS[kind], SPLIT=split, PRODUCER_WARPS=_PRODUCER_WARPS,
+                PRODUCER_REGS=_PRODUCER_REGS[kind], IS_FP8=kind == "fp8_ds_mla",
+                RAW_LAYOUT=gl.BlockedLayout([1, 1, 16], [32 // (8 * tpw_g), tpw_g, 8],
+                                            [_PRODUCER_WARPS, 1, 1], [2, 1, 0]),
+                SCALE_LAYOUT=gl.BlockedLayout([1, 1], [32 // tpw_g, tpw_g],
+                                              [_PRODUCER_WARPS, 1], [1, 0]),
+                DEQ_ROWS=_DEQ_ROWS if block_h == WS_BLOCK_H else _DEQ_ROWS_T,
+                DEQ_LAYOUT=gl.BlockedLayout([1, 1, 16], [8, 1, 4], [4, 1, 2], [2, 0, 1]),
+                RAW_SMEM=gl.SwizzledSharedLayout(16, 1, 8, [2, 0, 1]),
+                SCALE_SMEM=gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+
+
+def compile_for_sm90(kind: str = "bf16", *, d_v: int = 512, d_rope: int = 64, stages: int = 2,
+                     split: bool = False, block_h: int = WS_BLOCK_H):
+    """The kernel compiled by the installed Triton for sm_90a without a GPU (a
+    ``triton.compiler.CompiledKernel``: ``asm["ttgir" | "ptx" | "cubin"]``,
+    ``metadata.shared`` in bytes) for KV rows of ``kind`` (``"bf16"`` or ``"fp8_ds_mla"``), with
+    the divisibility Triton specialises for contiguous DeepSeek-V3.2-sized tensors. For
+    inspecting what the compiler makes of it, not for running it."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn = _sparse_mla_decode_ws_fwd
+    names = list(fn.arg_names)
+    const = _constexprs(kind, d_v, d_rope, stages, split, block_h)
+    fp8 = kind == "fp8_ds_mla"
+    ptrs = dict(q_ptr="*bf16", kv_ptr="*u8" if fp8 else "*bf16",
+                scale_ptr="*fp32" if fp8 else "*bf16", rope_ptr="*bf16", idx_ptr="*i32",
+                out_ptr="*bf16", lse_ptr="*fp32", part_o_ptr="*fp32", part_lse_ptr="*fp32")
+    div16 = {"stride_qb", "stride_qh", "stride_kv", "stride_ib", "stride_ob", "stride_oh",
+             "stride_lb", "H", "K"} | (set() if fp8 else {"stride_rope"})
+    signature, attrs = {}, {}
+    for i, n in enumerate(names):
+        if n in const:
+            signature[n] = "constexpr"
+            continue
+        signature[n] = ptrs.get(n, "fp32" if n == "qk_scale_log2" else "i32")
+        if n in ptrs or n in div16:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    src = GluonASTSource(fn=fn, signature=signature, attrs=attrs,
+                         constexprs={(names.index(n),): v for n, v in const.items()})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=4 if const["TK"] else 8, maxnreg=_MAXNREG))
