@@ -207,6 +207,31 @@ def test_other_widths_and_a_partial_tile():
     assert torch.all(out == 0) and torch.all(lse == math.inf)
 
 
+@pytest.mark.gpu
+@hopper
+def test_fp8_dequantization_by_bit_moves_is_exact_on_power_of_two_scales(monkeypatch):
+    """The default dequantization (e4m3 bits moved into a bf16, one bf16 multiply by the
+    scale x 2^120) against the float32 one (convert, multiply, round once): on power-of-two
+    scales every dequantized value is the same, so the outputs are bit-identical; rows from
+    1e-3 to 10 in magnitude put subnormal e4m3 bytes, zeros and both signs into every tile."""
+    import backends.kernels.sparse_mla_decode_ws as ws
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(21)
+    x = (torch.randn(4096, 576, generator=g, device=dev)
+         * torch.logspace(-3, 1, 4096, device=dev)[:, None]).to(torch.bfloat16)
+    x[7, :128] = 0                                           # an all-zero group
+    cache = make_kv_cache(x, "fp8_ds_mla", d_nope=512, scale_format="pow2")
+    for h in (128, 16):
+        q = torch.randn(3, h, 576, generator=g, device=dev).to(torch.bfloat16)
+        idx = torch.randint(0, 4096, (3, 700), generator=g, device=dev, dtype=torch.int32)
+        idx[0, :4] = 7
+        outs = []
+        for bits in (False, True):
+            monkeypatch.setattr(ws, "_DEQ_BF16", bits)
+            outs.append(_check(q, cache, idx, 512, "fp8_ds_mla", num_splits=2)[:2])
+        assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
 def test_attention_switch_names_the_limit():
     """``attention_kernel=triton_ws`` is checked when a backend resolves it, before any
     timing: off Hopper it is a BackendInvalid naming why."""

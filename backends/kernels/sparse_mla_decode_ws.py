@@ -99,6 +99,9 @@ _DEQ_ROWS = 32
 #: 64 rows 110.5 us against 111.9 for 32 at B128 H16; with the swizzled stages 104.0 against
 #: 106.1, BENCHMARKS 6p)
 _DEQ_ROWS_T = 64
+#: fp8_ds_mla rows: dequantized by bit moves and a bf16 multiply (:func:`_e4m3x4_to_bf16`)
+#: instead of through float32
+_DEQ_BF16 = True
 #: registers per thread of the whole program: 12 warps x 32 x 168 <= 64 K; the consumers get
 #: (168 * 12 - 48 * 4) / 8 = 228 rounded down to setmaxnreg's multiple of 8: 224 (the PTX's
 #: setmaxnreg). ptxas 12.8 (Triton 3.6) for sm_90a: no spills for bf16 rows, 20 bytes for
@@ -162,19 +165,49 @@ def _copy_fp8_scales(dst, scale_ptr, stride_scale, scale_off, idx, D_V: gl.const
 
 @gluon.jit
 def _dequant_rows(raw, scales, row0: gl.constexpr, ROWS: gl.constexpr, D_V: gl.constexpr,
-                  deq_l: gl.constexpr):
+                  deq_l: gl.constexpr, DEQ_BF16: gl.constexpr):
     """Rows ``[row0, row0 + ROWS)`` of fp8 e4m3 ``raw [BLOCK_N, D_V / 128, 128]`` x the per-128
     ``scales [BLOCK_N, D_V / 128]`` float32 (both in shared memory) as bf16 ``[ROWS, D_V]`` in
-    registers (the float32 product rounded once, as the reference rounds it)."""
+    registers. ``DEQ_BF16`` off: converted to float32, multiplied, the product rounded once (as
+    the reference rounds it). On: :func:`_e4m3x4_to_bf16` (bit moves and one bf16x2 multiply
+    a pair; a power-of-two scale gives the same bits, a raw one is rounded to bf16 first)."""
     r = raw.slice(row0, ROWS).load(deq_l)
     sc = scales.slice(row0, ROWS).load(gl.SliceLayout(2, deq_l))
-    vals = r.to(gl.float8e4nv, bitcast=True).to(gl.float32) * sc[:, :, None]
-    return gl.reshape(vals.to(gl.bfloat16), [ROWS, D_V])
+    if DEQ_BF16:
+        # the scale x 2^120 (the bias between e4m3's exponent and bf16's) as a bf16 pair
+        sb = (sc * 1.329227995784916e+36).to(gl.bfloat16).to(gl.uint16, bitcast=True)
+        pair = sb.to(gl.uint32) | (sb.to(gl.uint32) << 16)
+        vals = _e4m3x4_to_bf16(r, gl.broadcast(pair[:, :, None], r)[0])
+    else:
+        vals = (r.to(gl.float8e4nv, bitcast=True).to(gl.float32) * sc[:, :, None]).to(gl.bfloat16)
+    return gl.reshape(vals, [ROWS, D_V])
+
+
+@gluon.jit
+def _e4m3x4_to_bf16(raw, scale_pair):
+    """fp8 e4m3 bytes ``raw`` (uint8) x ``scale_pair`` (uint32: the bf16 bits of scale x 2^120
+    in both halves) as bf16, four bytes an instance: each byte's sign byte-replicated beside it
+    (``prmt``), the seven magnitude bits moved to a bf16's exponent and mantissa (shift, mask:
+    the value x 2^-120, subnormals included), then one ``mul.rn.bf16x2`` a pair."""
+    return gl.inline_asm_elementwise(
+        """{
+        .reg .b32 t0, t1;
+        prmt.b32 t0, $2, 0, 0x9180;
+        prmt.b32 t1, $2, 0, 0xB3A2;
+        shl.b32 t0, t0, 4;
+        shl.b32 t1, t1, 4;
+        and.b32 t0, t0, 0x87F087F0;
+        and.b32 t1, t1, 0x87F087F0;
+        mul.rn.bf16x2 $0, t0, $3;
+        mul.rn.bf16x2 $1, t1, $3;
+        }""",
+        "=r,=r,r,r,r,r,r", [raw, scale_pair], dtype=gl.bfloat16, is_pure=True, pack=4)
 
 
 @gluon.jit
 def _stage_tile(kv_nope, kv_raw, kv_scale, s, IS_FP8: gl.constexpr, BLOCK_N: gl.constexpr,
-                DEQ_ROWS: gl.constexpr, D_V: gl.constexpr, deq_l: gl.constexpr):
+                DEQ_ROWS: gl.constexpr, D_V: gl.constexpr, deq_l: gl.constexpr,
+                DEQ_BF16: gl.constexpr):
     """The consumers' K / V tile of stage ``s``, which has landed and been fenced: bf16 rows as
     copied (``kv_nope[s]``); fp8 rows dequantized by both warpgroups from the stage into the
     one bf16 tile ``kv_nope[0]`` (free: the previous tile's MMAs are done), ``DEQ_ROWS`` rows
@@ -184,7 +217,7 @@ def _stage_tile(kv_nope, kv_raw, kv_scale, s, IS_FP8: gl.constexpr, BLOCK_N: gl.
         for c in gl.static_range(BLOCK_N // DEQ_ROWS):
             kn.slice(c * DEQ_ROWS, DEQ_ROWS).store(
                 _dequant_rows(kv_raw.index(s), kv_scale.index(s), c * DEQ_ROWS, DEQ_ROWS, D_V,
-                              deq_l))
+                              deq_l, DEQ_BF16))
         fence_async_shared()
         _partition_barrier()
     else:
@@ -270,7 +303,7 @@ def _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
                  q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, q_bar, ready, empty,
                  D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, SPLIT: gl.constexpr, IS_FP8: gl.constexpr,
-                 DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr):
+                 DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr, DEQ_BF16: gl.constexpr):
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                   instr_shape=[16, BLOCK_N // 2, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
@@ -299,7 +332,8 @@ def _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
 
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
         fence_async_shared()        # the producer's copies, for the tensor cores
-        kn = _stage_tile(kv_nope, kv_raw, kv_scale, s, IS_FP8, BLOCK_N, DEQ_ROWS, D_V, deq_l)
+        kn = _stage_tile(kv_nope, kv_raw, kv_scale, s, IS_FP8, BLOCK_N, DEQ_ROWS, D_V, deq_l,
+                         DEQ_BF16)
         sc = warpgroup_mma(q_nope, kn.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         sc = warpgroup_mma(q_rope, kv_rope.index(s).permute((1, 0)), sc, is_async=True)
         sc = warpgroup_mma_wait(0, deps=[sc])
@@ -356,7 +390,7 @@ def _consumer_t(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stri
                 q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, p_t, q_bar, ready, empty,
                 D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
                 STAGES: gl.constexpr, SPLIT: gl.constexpr, IS_FP8: gl.constexpr,
-                DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr):
+                DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr, DEQ_BF16: gl.constexpr):
     """The consumers for few heads (``BLOCK_H`` 16 or 32: a TP8 or TP4 shard of
     DeepSeek-V3.2's 128), everything transposed so that the tile's 64 tokens are the wgmma M:
     ``S^T = k q^T`` ``[BLOCK_N, BLOCK_H]`` with warps laid out ``[4, 2]`` (each warpgroup owns
@@ -401,7 +435,8 @@ def _consumer_t(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stri
         fence_async_shared()        # the producer's copies, for the tensor cores
         sc = warpgroup_mma(kv_rope.index(s), q_rope.permute((1, 0)), s_zero, use_acc=False,
                            is_async=True)
-        kn = _stage_tile(kv_nope, kv_raw, kv_scale, s, IS_FP8, BLOCK_N, DEQ_ROWS, D_V, deq_l)
+        kn = _stage_tile(kv_nope, kv_raw, kv_scale, s, IS_FP8, BLOCK_N, DEQ_ROWS, D_V, deq_l,
+                         DEQ_BF16)
         sc = warpgroup_mma(kn, q_nope.permute((1, 0)), sc, is_async=True)
         sc = warpgroup_mma_wait(0, deps=[sc])
 
@@ -453,7 +488,8 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
               q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, p_t, q_bar, ready, empty,
               D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, SPLIT: gl.constexpr, IS_FP8: gl.constexpr,
-              DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr, TRANSPOSED: gl.constexpr):
+              DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr, DEQ_BF16: gl.constexpr,
+              TRANSPOSED: gl.constexpr):
     """The consumer partition: 64-head programs (:func:`_consumer_64`) or, for fewer heads,
     the transposed ones (:func:`_consumer_t`)."""
     if TRANSPOSED:
@@ -461,13 +497,13 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
                     part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
                     num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
                     kv_scale, p_t, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT,
-                    IS_FP8, DEQ_ROWS, deq_l)
+                    IS_FP8, DEQ_ROWS, deq_l, DEQ_BF16)
     else:
         _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
                      part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
                      num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
                      kv_scale, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT,
-                     IS_FP8, DEQ_ROWS, deq_l)
+                     IS_FP8, DEQ_ROWS, deq_l, DEQ_BF16)
 
 
 @gluon.jit
@@ -488,7 +524,7 @@ def _sparse_mla_decode_ws_fwd(
         IS_FP8: gl.constexpr, RAW_LAYOUT: gl.constexpr, SCALE_LAYOUT: gl.constexpr,
         DEQ_ROWS: gl.constexpr, DEQ_LAYOUT: gl.constexpr, RAW_SMEM: gl.constexpr,
         SCALE_SMEM: gl.constexpr, TRANSPOSED: gl.constexpr,
-        P_COLS: gl.constexpr):
+        P_COLS: gl.constexpr, DEQ_BF16: gl.constexpr):
     pid = gl.program_id(0)
     hb = pid % num_head_blocks
     rest = pid // num_head_blocks
@@ -533,7 +569,7 @@ def _sparse_mla_decode_ws_fwd(
                      part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
                      num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
                      kv_scale, p_t, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT,
-                     IS_FP8, DEQ_ROWS, DEQ_LAYOUT, TRANSPOSED)),
+                     IS_FP8, DEQ_ROWS, DEQ_LAYOUT, DEQ_BF16, TRANSPOSED)),
         (_producer, (q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
                      scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
                      idx_ptr, stride_ib,
@@ -682,7 +718,7 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
                                             [_PRODUCER_WARPS, 1, 1], [2, 1, 0]),
                 SCALE_LAYOUT=gl.BlockedLayout([1, 1], [32 // tpw_g, tpw_g],
                                               [_PRODUCER_WARPS, 1], [1, 0]),
-                DEQ_ROWS=_DEQ_ROWS if block_h == WS_BLOCK_H else _DEQ_ROWS_T,
+                DEQ_ROWS=_DEQ_ROWS if block_h == WS_BLOCK_H else _DEQ_ROWS_T, DEQ_BF16=_DEQ_BF16,
                 DEQ_LAYOUT=gl.BlockedLayout([1, 1, 16], [8, 1, 4], [4, 1, 2], [2, 0, 1]),
                 RAW_SMEM=gl.SwizzledSharedLayout(16, 1, 8, [2, 0, 1]),
                 SCALE_SMEM=gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
