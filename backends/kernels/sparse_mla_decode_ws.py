@@ -102,6 +102,15 @@ _DEQ_ROWS_T = 64
 #: fp8_ds_mla rows: dequantized by bit moves and a bf16 multiply (:func:`_e4m3x4_to_bf16`)
 #: instead of through float32
 _DEQ_BF16 = True
+#: fp8_ds_mla rows in 64-head programs: asymmetric consumers (:func:`_consumer_a0`: one
+#: warpgroup computes the scores and the softmax, the other waits for P; each dequantizes half
+#: of the tile and accumulates half of the V columns) instead of both warpgroups splitting
+#: every MMA
+_ASYM_FP8_64 = True
+#: the asymmetric consumers: rows a warpgroup dequantizes at a time, and the registers of
+#: warpgroup 1 (a worker partition; warpgroup 0 gets the rest of the 168 x 12 warps' budget)
+_DEQ_ROWS_A = 16
+_A1_REGS = 208
 #: registers per thread of the whole program: 12 warps x 32 x 168 <= 64 K; the consumers get
 #: (168 * 12 - 48 * 4) / 8 = 228 rounded down to setmaxnreg's multiple of 8: 224 (the PTX's
 #: setmaxnreg). ptxas 12.8 (Triton 3.6) for sm_90a: no spills for bf16 rows, 20 bytes for
@@ -384,6 +393,181 @@ def _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
 
 
 @gluon.jit
+def _pv_epilogue(acc, l_safe, has, lse2, b, h0, H, split, num_splits, out_ptr, stride_ob,
+                 stride_oh, lse_ptr, stride_lb, part_o_ptr, part_lse_ptr, V0: gl.constexpr,
+                 D_V: gl.constexpr, BLOCK_H: gl.constexpr, SPLIT: gl.constexpr,
+                 o_l: gl.constexpr, WRITE_LSE: gl.constexpr):
+    """Stores a 64-head program's output columns ``[V0, V0 + acc.shape[1])`` (``acc [BLOCK_H,
+    W]`` float32 in ``o_l``, divided here by the row sums ``l_safe``) and, if ``WRITE_LSE``,
+    the natural-log LSE from ``lse2`` (base 2; ``has``: rows with a valid token): bf16 output
+    and ``+inf`` for empty rows, or float32 partials and ``-inf`` for a split."""
+    row_o: gl.constexpr = gl.SliceLayout(1, o_l)
+    W: gl.constexpr = acc.shape[1]
+    o = acc / gl.convert_layout(l_safe, row_o)[:, None]
+    offs_h = h0 + gl.arange(0, BLOCK_H, layout=row_o)
+    offs_v = V0 + gl.arange(0, W, layout=gl.SliceLayout(0, o_l))
+    h_ok = offs_h < H
+    offs_hs = h0 + gl.arange(0, BLOCK_H, layout=lse2.type.layout)
+    if SPLIT:
+        part_o = (((b * H + offs_h).to(gl.int64) * num_splits + split) * D_V)
+        gl.store(part_o_ptr + part_o[:, None] + offs_v[None, :], o, mask=h_ok[:, None])
+        if WRITE_LSE:
+            part_l = (b * H + offs_hs).to(gl.int64) * num_splits + split
+            gl.store(part_lse_ptr + part_l,
+                     gl.where(has, lse2 * 0.6931471805599453, float("-inf")), mask=offs_hs < H)
+    else:
+        o_row = out_ptr + b.to(gl.int64) * stride_ob + offs_h.to(gl.int64) * stride_oh
+        gl.store(o_row[:, None] + offs_v[None, :], o.to(gl.bfloat16), mask=h_ok[:, None])
+        if WRITE_LSE:
+            gl.store(lse_ptr + b.to(gl.int64) * stride_lb + offs_hs,
+                     gl.where(has, lse2 * 0.6931471805599453, float("inf")), mask=offs_hs < H)
+
+
+@gluon.jit
+def _consumer_a0(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
+                 part_o_ptr, part_lse_ptr,
+                 b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
+                 q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, stat, q_bar, ready, empty,
+                 deq1_done, p_ready, pv0_done, pv1_done, fin,
+                 D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+                 STAGES: gl.constexpr, SPLIT: gl.constexpr, DEQ_ROWS: gl.constexpr,
+                 deq_l: gl.constexpr, DEQ_BF16: gl.constexpr):
+    """64-head fp8_ds_mla programs, asymmetric consumers, warpgroup 0 (the default
+    partition): dequantizes tokens ``[0, BLOCK_N / 2)`` of each tile, computes all of ``S = q
+    k^T`` (one 64 x 64 wgmma a k-step: the query block read from shared memory once a tile,
+    not once a warpgroup) and the online softmax, hands ``P`` (in the stage's rope tile) and
+    the rescale factors (``stat``) to warpgroup 1, and accumulates the V columns ``[0, D_V /
+    2)``. Each tile's handshakes: ``deq1_done`` (warpgroup 1's rows landed), ``p_ready``,
+    ``pv0_done`` / ``pv1_done`` (a warpgroup's PV MMA is done with the bf16 tile), ``fin`` (the
+    row sums, once)."""
+    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BLOCK_N, 16])
+    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, D_V // 2, 16])
+    row_s: gl.constexpr = gl.SliceLayout(1, s_l)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_l)
+    HALF: gl.constexpr = BLOCK_N // 2
+
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=row_s)
+    l_el = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_l)   # row sums, per element
+    acc = gl.zeros([BLOCK_H, D_V // 2], gl.float32, layout=o_l)
+    s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_l)
+
+    idx_row = idx_ptr + b.to(gl.int64) * stride_ib
+    offs_n = gl.arange(0, BLOCK_N, layout=col_s)
+    on = t_begin * BLOCK_N + offs_n
+    n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
+    kn = kv_nope.index(0)
+    mbarrier.wait(q_bar, 0)
+    for t in range(t_begin, t_end):
+        i = t - t_begin
+        s = i % STAGES
+        idx = n_idx
+        on = (t + 1) * BLOCK_N + offs_n                 # the next tile's ids, early
+        n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
+        valid = (idx >= 0) & (idx < num_slots)
+
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        fence_async_shared()        # the producer's copies, for the tensor cores
+        if i > 0:
+            mbarrier.wait(pv1_done, (i - 1) & 1)        # the bf16 tile is free
+        for c in gl.static_range(HALF // DEQ_ROWS):
+            kn.slice(c * DEQ_ROWS, DEQ_ROWS).store(
+                _dequant_rows(kv_raw.index(s), kv_scale.index(s), c * DEQ_ROWS, DEQ_ROWS, D_V,
+                              deq_l, DEQ_BF16))
+        fence_async_shared()
+        _partition_barrier()
+        mbarrier.wait(deq1_done, i & 1)
+        sc = warpgroup_mma(q_nope, kn.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        sc = warpgroup_mma(q_rope, kv_rope.index(s).permute((1, 0)), sc, is_async=True)
+        sc = warpgroup_mma_wait(0, deps=[sc])
+
+        sc = gl.where(valid[None, :], sc * qk_scale_log2, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(sc, axis=1))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(sc - m_use[:, None])
+        l_el = l_el * alpha[:, None] + p
+        # P into the stage's rope tile (this warpgroup's score MMAs, the only readers, are
+        # done), the rescale factors beside it, then warpgroup 1 may go
+        p_smem = kv_rope.index(s)
+        p_smem.store(p.to(gl.bfloat16))
+        stat.store(alpha)
+        fence_async_shared()
+        _partition_barrier()
+        mbarrier.arrive(p_ready, count=1)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
+        acc = warpgroup_mma(p_smem, kn.slice(0, D_V // 2, dim=1), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        _partition_barrier()
+        mbarrier.arrive(pv0_done, count=1)
+        mbarrier.arrive(empty.index(s), count=1)
+        m_i = m_new
+
+    l_i = gl.sum(l_el, axis=1)
+    has = l_i > 0.0
+    l_safe = gl.where(has, l_i, 1.0)
+    lse2 = m_i + gl.log2(l_safe)
+    # the row sums to warpgroup 1 once it has read the last rescale factors
+    if t_end > t_begin:
+        mbarrier.wait(pv1_done, (t_end - t_begin - 1) & 1)
+    stat.store(l_safe)
+    _partition_barrier()
+    mbarrier.arrive(fin, count=1)
+    _pv_epilogue(acc, l_safe, has, lse2, b, h0, H, split, num_splits, out_ptr, stride_ob,
+                 stride_oh, lse_ptr, stride_lb, part_o_ptr, part_lse_ptr, 0, D_V, BLOCK_H,
+                 SPLIT, o_l, True)
+
+
+@gluon.jit
+def _consumer_a1(out_ptr, stride_ob, stride_oh, part_o_ptr, part_lse_ptr,
+                 b, h0, H, split, num_splits, t_begin, t_end,
+                 kv_nope, kv_rope, kv_raw, kv_scale, stat, ready, empty,
+                 deq1_done, p_ready, pv0_done, pv1_done, fin,
+                 D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+                 STAGES: gl.constexpr, SPLIT: gl.constexpr, DEQ_ROWS: gl.constexpr,
+                 deq_l: gl.constexpr, DEQ_BF16: gl.constexpr):
+    """Warpgroup 1 of the asymmetric 64-head fp8_ds_mla consumers (a worker partition; see
+    :func:`_consumer_a0`): dequantizes tokens ``[BLOCK_N / 2, BLOCK_N)`` of each tile, then,
+    given ``P`` and the rescale factors, accumulates the V columns ``[D_V / 2, D_V)``."""
+    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, D_V // 2, 16])
+    row_o: gl.constexpr = gl.SliceLayout(1, o_l)
+    stat_l: gl.constexpr = gl.SliceLayout(1, gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]))
+    HALF: gl.constexpr = BLOCK_N // 2
+    acc = gl.zeros([BLOCK_H, D_V // 2], gl.float32, layout=o_l)
+    kn = kv_nope.index(0)
+    for t in range(t_begin, t_end):
+        i = t - t_begin
+        s = i % STAGES
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        if i > 0:
+            mbarrier.wait(pv0_done, (i - 1) & 1)        # the bf16 tile is free
+        for c in gl.static_range(HALF // DEQ_ROWS):
+            kn.slice(HALF + c * DEQ_ROWS, DEQ_ROWS).store(
+                _dequant_rows(kv_raw.index(s), kv_scale.index(s), HALF + c * DEQ_ROWS,
+                              DEQ_ROWS, D_V, deq_l, DEQ_BF16))
+        fence_async_shared()
+        _partition_barrier()
+        mbarrier.arrive(deq1_done, count=1)
+        mbarrier.wait(p_ready, i & 1)
+        alpha = stat.load(stat_l)
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+        acc = warpgroup_mma(kv_rope.index(s), kn.slice(D_V // 2, D_V // 2, dim=1), acc,
+                            is_async=True)
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        _partition_barrier()
+        mbarrier.arrive(pv1_done, count=1)
+        mbarrier.arrive(empty.index(s), count=1)
+    mbarrier.wait(fin, 0)
+    l_safe = stat.load(stat_l)
+    _pv_epilogue(acc, l_safe, l_safe, l_safe, b, h0, H, split, num_splits, out_ptr, stride_ob,
+                 stride_oh, out_ptr, 0, part_o_ptr, part_lse_ptr, D_V // 2, D_V, BLOCK_H,
+                 SPLIT, o_l, False)
+
+
+@gluon.jit
 def _consumer_t(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
                 part_o_ptr, part_lse_ptr,
                 b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
@@ -524,7 +708,8 @@ def _sparse_mla_decode_ws_fwd(
         IS_FP8: gl.constexpr, RAW_LAYOUT: gl.constexpr, SCALE_LAYOUT: gl.constexpr,
         DEQ_ROWS: gl.constexpr, DEQ_LAYOUT: gl.constexpr, RAW_SMEM: gl.constexpr,
         SCALE_SMEM: gl.constexpr, TRANSPOSED: gl.constexpr,
-        P_COLS: gl.constexpr, DEQ_BF16: gl.constexpr):
+        P_COLS: gl.constexpr, DEQ_BF16: gl.constexpr, ASYM: gl.constexpr,
+        A1_REGS: gl.constexpr):
     pid = gl.program_id(0)
     hb = pid % num_head_blocks
     rest = pid // num_head_blocks
@@ -558,26 +743,53 @@ def _sparse_mla_decode_ws_fwd(
     mbarrier.init(q_bar, count=1)
     for j in gl.static_range(STAGES):
         mbarrier.init(ready.index(j), count=PRODUCER_WARPS * 32)
-        mbarrier.init(empty.index(j), count=1)
+        mbarrier.init(empty.index(j), count=2 if ASYM else 1)
 
     # P^T of the transposed consumers (a minimal unused buffer for the 64-head ones)
     p_t = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, P_COLS],
                                     gl.NVMMASharedLayout.get_default_for([BLOCK_N, P_COLS],
                                                                          gl.bfloat16))
-    gl.warp_specialize([
-        (_consumer, (idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
-                     part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
-                     num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
-                     kv_scale, p_t, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT,
-                     IS_FP8, DEQ_ROWS, DEQ_LAYOUT, DEQ_BF16, TRANSPOSED)),
-        (_producer, (q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
-                     scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
-                     idx_ptr, stride_ib,
-                     b, h0, H, t_begin, t_end, lim, num_slots,
-                     q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, ids, q_bar, ready,
-                     empty, D_V, D_ROPE, BLOCK_H, BLOCK_N, ROWS, STAGES, PRODUCER_WARPS,
-                     IS_FP8, RAW_LAYOUT, SCALE_LAYOUT)),
-    ], [PRODUCER_WARPS], [PRODUCER_REGS])
+    if ASYM:
+        stat = gl.allocate_shared_memory(gl.float32, [BLOCK_H],
+                                         gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        hand = gl.allocate_shared_memory(gl.int64, [5, 1], mbarrier.MBarrierLayout())
+        for j in gl.static_range(5):
+            mbarrier.init(hand.index(j), count=1)
+        gl.warp_specialize([
+            (_consumer_a0, (idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr,
+                            stride_lb, part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits,
+                            t_begin, t_end, lim, num_slots, qk_scale_log2, q_nope, q_rope,
+                            kv_nope, kv_rope, kv_raw, kv_scale, stat, q_bar, ready, empty,
+                            hand.index(0), hand.index(1), hand.index(2), hand.index(3),
+                            hand.index(4), D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, DEQ_ROWS,
+                            DEQ_LAYOUT, DEQ_BF16)),
+            (_producer, (q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
+                         scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
+                         idx_ptr, stride_ib, b, h0, H, t_begin, t_end, lim, num_slots,
+                         q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, ids, q_bar,
+                         ready, empty, D_V, D_ROPE, BLOCK_H, BLOCK_N, ROWS, STAGES,
+                         PRODUCER_WARPS, IS_FP8, RAW_LAYOUT, SCALE_LAYOUT)),
+            (_consumer_a1, (out_ptr, stride_ob, stride_oh, part_o_ptr, part_lse_ptr,
+                            b, h0, H, split, num_splits, t_begin, t_end,
+                            kv_nope, kv_rope, kv_raw, kv_scale, stat, ready, empty,
+                            hand.index(0), hand.index(1), hand.index(2), hand.index(3),
+                            hand.index(4), D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, DEQ_ROWS,
+                            DEQ_LAYOUT, DEQ_BF16)),
+        ], [PRODUCER_WARPS, 4], [PRODUCER_REGS, A1_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
+                         part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end,
+                         lim, num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope,
+                         kv_raw, kv_scale, p_t, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N,
+                         STAGES, SPLIT, IS_FP8, DEQ_ROWS, DEQ_LAYOUT, DEQ_BF16, TRANSPOSED)),
+            (_producer, (q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
+                         scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
+                         idx_ptr, stride_ib, b, h0, H, t_begin, t_end, lim, num_slots,
+                         q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, ids, q_bar,
+                         ready, empty, D_V, D_ROPE, BLOCK_H, BLOCK_N, ROWS, STAGES,
+                         PRODUCER_WARPS, IS_FP8, RAW_LAYOUT, SCALE_LAYOUT)),
+        ], [PRODUCER_WARPS], [PRODUCER_REGS])
 
 
 def ws_supported(q: torch.Tensor, kv_cache: torch.Tensor, d_v: int) -> Optional[str]:
@@ -686,7 +898,7 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
     kernel = _sparse_mla_decode_ws_fwd[(bsz * num_splits * num_head_blocks,)](
         *kernel_args(q, kv_cache, kind, indices, sm_scale, d_v, plan, num_head_blocks),
         **_constexprs(kind, d_v, d_qk - d_v, stages, num_splits > 1, block_h),
-        num_warps=8, maxnreg=_MAXNREG,
+        num_warps=4 if _asym(kind, block_h) else 8, maxnreg=_MAXNREG,
     )
     if num_splits > 1:
         combine_splits(part_o, part_lse, out, lse)
@@ -694,6 +906,11 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
     return out, lse, replace(info, n_regs=None if n_regs is None else int(n_regs),
                              n_spills=None if n_spills is None else int(n_spills),
                              smem_bytes=getattr(getattr(kernel, "metadata", None), "shared", None))
+
+
+def _asym(kind: str, block_h: int) -> bool:
+    """Whether ``kind`` rows in ``block_h``-head programs use the asymmetric consumers."""
+    return _ASYM_FP8_64 and kind == "fp8_ds_mla" and block_h == WS_BLOCK_H
 
 
 def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
@@ -709,6 +926,7 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
     column blocks), B128 H16 104.0 against 111.2, B8 33.3 against 32.4."""
     g = d_v // 128
     tpw_g = min(4, g)
+    asym = _asym(kind, block_h)
     return dict(D_V=d_v, D_ROPE=d_rope, BLOCK_H=block_h, BLOCK_N=WS_BLOCK_N, STAGES=stages,
                 TRANSPOSED=block_h < WS_BLOCK_H,
                 P_COLS=block_h if block_h < WS_BLOCK_H else 8,
@@ -718,8 +936,11 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
                                             [_PRODUCER_WARPS, 1, 1], [2, 1, 0]),
                 SCALE_LAYOUT=gl.BlockedLayout([1, 1], [32 // tpw_g, tpw_g],
                                               [_PRODUCER_WARPS, 1], [1, 0]),
-                DEQ_ROWS=_DEQ_ROWS if block_h == WS_BLOCK_H else _DEQ_ROWS_T, DEQ_BF16=_DEQ_BF16,
-                DEQ_LAYOUT=gl.BlockedLayout([1, 1, 16], [8, 1, 4], [4, 1, 2], [2, 0, 1]),
+                DEQ_ROWS=(_DEQ_ROWS_A if asym else _DEQ_ROWS if block_h == WS_BLOCK_H
+                          else _DEQ_ROWS_T),
+                DEQ_BF16=_DEQ_BF16, ASYM=asym, A1_REGS=_A1_REGS,
+                DEQ_LAYOUT=gl.BlockedLayout([1, 1, 16], [8, 1, 4],
+                                            [2, 1, 2] if asym else [4, 1, 2], [2, 0, 1]),
                 RAW_SMEM=gl.SwizzledSharedLayout(16, 1, 8, [2, 0, 1]),
                 SCALE_SMEM=gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
 
@@ -755,4 +976,5 @@ def compile_for_sm90(kind: str = "bf16", *, d_v: int = 512, d_rope: int = 64, st
     src = GluonASTSource(fn=fn, signature=signature, attrs=attrs,
                          constexprs={(names.index(n),): v for n, v in const.items()})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=8, maxnreg=_MAXNREG))
+                          options=dict(num_warps=4 if _asym(kind, block_h) else 8,
+                                       maxnreg=_MAXNREG))
