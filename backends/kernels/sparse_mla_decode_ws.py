@@ -107,6 +107,9 @@ _DEQ_BF16 = True
 #: of the tile and accumulates half of the V columns) instead of both warpgroups splitting
 #: every MMA
 _ASYM_FP8_64 = True
+#: the same for fp8_ds_mla rows in the transposed 16- / 32-head programs
+#: (:func:`_consumer_ta0`)
+_ASYM_FP8_T = True
 #: the asymmetric consumers: rows a warpgroup dequantizes at a time, and the registers of
 #: warpgroup 1 (a worker partition; warpgroup 0 gets the rest of the 168 x 12 warps' budget)
 _DEQ_ROWS_A = 16
@@ -373,54 +376,82 @@ def _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
     l_i = gl.sum(l_el, axis=1)
     has = l_i > 0.0
     l_safe = gl.where(has, l_i, 1.0)
-    lse2 = m_i + gl.log2(l_safe)
-    o = acc / gl.convert_layout(l_safe, row_o)[:, None]
-    offs_h = h0 + gl.arange(0, BLOCK_H, layout=row_o)
-    offs_v = gl.arange(0, D_V, layout=gl.SliceLayout(0, o_l))
-    h_ok = offs_h < H
-    offs_hs = h0 + gl.arange(0, BLOCK_H, layout=row_s)
-    if SPLIT:
-        part_o = (((b * H + offs_h).to(gl.int64) * num_splits + split) * D_V)
-        gl.store(part_o_ptr + part_o[:, None] + offs_v[None, :], o, mask=h_ok[:, None])
-        part_l = (b * H + offs_hs).to(gl.int64) * num_splits + split
-        gl.store(part_lse_ptr + part_l, gl.where(has, lse2 * 0.6931471805599453, float("-inf")),
-                 mask=offs_hs < H)
-    else:
-        o_row = out_ptr + b.to(gl.int64) * stride_ob + offs_h.to(gl.int64) * stride_oh
-        gl.store(o_row[:, None] + offs_v[None, :], o.to(gl.bfloat16), mask=h_ok[:, None])
-        gl.store(lse_ptr + b.to(gl.int64) * stride_lb + offs_hs,
-                 gl.where(has, lse2 * 0.6931471805599453, float("inf")), mask=offs_hs < H)
+    _store_o(acc, l_safe, b, h0, H, split, num_splits, out_ptr, stride_ob, stride_oh,
+             part_o_ptr, 0, D_V, BLOCK_H, SPLIT, o_l)
+    _store_lse(m_i + gl.log2(l_safe), has, b, h0, H, split, num_splits, lse_ptr, stride_lb,
+               part_lse_ptr, BLOCK_H, SPLIT)
 
 
 @gluon.jit
-def _pv_epilogue(acc, l_safe, has, lse2, b, h0, H, split, num_splits, out_ptr, stride_ob,
-                 stride_oh, lse_ptr, stride_lb, part_o_ptr, part_lse_ptr, V0: gl.constexpr,
-                 D_V: gl.constexpr, BLOCK_H: gl.constexpr, SPLIT: gl.constexpr,
-                 o_l: gl.constexpr, WRITE_LSE: gl.constexpr):
-    """Stores a 64-head program's output columns ``[V0, V0 + acc.shape[1])`` (``acc [BLOCK_H,
-    W]`` float32 in ``o_l``, divided here by the row sums ``l_safe``) and, if ``WRITE_LSE``,
-    the natural-log LSE from ``lse2`` (base 2; ``has``: rows with a valid token): bf16 output
-    and ``+inf`` for empty rows, or float32 partials and ``-inf`` for a split."""
+def _store_o(acc, l_safe, b, h0, H, split, num_splits, out_ptr, stride_ob, stride_oh,
+             part_o_ptr, V0: gl.constexpr, D_V: gl.constexpr, BLOCK_H: gl.constexpr,
+             SPLIT: gl.constexpr, o_l: gl.constexpr):
+    """Stores output columns ``[V0, V0 + W)`` of a 64-head program's rows: ``acc [BLOCK_H, W]``
+    float32 in ``o_l`` divided by the row sums ``l_safe [BLOCK_H]`` (any layout), as bf16 into
+    ``out`` or, for a split, as float32 partials ``[B, H, S, D_V]``."""
     row_o: gl.constexpr = gl.SliceLayout(1, o_l)
     W: gl.constexpr = acc.shape[1]
     o = acc / gl.convert_layout(l_safe, row_o)[:, None]
     offs_h = h0 + gl.arange(0, BLOCK_H, layout=row_o)
     offs_v = V0 + gl.arange(0, W, layout=gl.SliceLayout(0, o_l))
     h_ok = offs_h < H
-    offs_hs = h0 + gl.arange(0, BLOCK_H, layout=lse2.type.layout)
     if SPLIT:
         part_o = (((b * H + offs_h).to(gl.int64) * num_splits + split) * D_V)
         gl.store(part_o_ptr + part_o[:, None] + offs_v[None, :], o, mask=h_ok[:, None])
-        if WRITE_LSE:
-            part_l = (b * H + offs_hs).to(gl.int64) * num_splits + split
-            gl.store(part_lse_ptr + part_l,
-                     gl.where(has, lse2 * 0.6931471805599453, float("-inf")), mask=offs_hs < H)
     else:
         o_row = out_ptr + b.to(gl.int64) * stride_ob + offs_h.to(gl.int64) * stride_oh
         gl.store(o_row[:, None] + offs_v[None, :], o.to(gl.bfloat16), mask=h_ok[:, None])
-        if WRITE_LSE:
-            gl.store(lse_ptr + b.to(gl.int64) * stride_lb + offs_hs,
-                     gl.where(has, lse2 * 0.6931471805599453, float("inf")), mask=offs_hs < H)
+
+
+@gluon.jit
+def _store_o_t(acc, l_safe, b, h0, H, split, num_splits, out_ptr, stride_ob, stride_oh,
+               part_o_ptr, V0: gl.constexpr, D_V: gl.constexpr, BLOCK_H: gl.constexpr,
+               SPLIT: gl.constexpr, o_l: gl.constexpr):
+    """:func:`_store_o` for the transposed programs: ``acc [W, BLOCK_H]`` holds output columns
+    ``[V0, V0 + W)`` of the program's heads as rows."""
+    head_o: gl.constexpr = gl.SliceLayout(0, o_l)
+    W: gl.constexpr = acc.shape[0]
+    o = acc / gl.convert_layout(l_safe, head_o)[None, :]
+    offs_h = h0 + gl.arange(0, BLOCK_H, layout=head_o)
+    offs_v = V0 + gl.arange(0, W, layout=gl.SliceLayout(1, o_l))
+    h_ok = offs_h < H
+    if SPLIT:
+        part_o = (((b * H + offs_h).to(gl.int64) * num_splits + split) * D_V)
+        gl.store(part_o_ptr + part_o[None, :] + offs_v[:, None], o, mask=h_ok[None, :])
+    else:
+        o_col = out_ptr + b.to(gl.int64) * stride_ob + offs_h.to(gl.int64) * stride_oh
+        gl.store(o_col[None, :] + offs_v[:, None], o.to(gl.bfloat16), mask=h_ok[None, :])
+
+
+@gluon.jit
+def _store_lse(lse2, has, b, h0, H, split, num_splits, lse_ptr, stride_lb, part_lse_ptr,
+               BLOCK_H: gl.constexpr, SPLIT: gl.constexpr):
+    """Stores the natural-log LSE of a program's heads from ``lse2 [BLOCK_H]`` (base 2;
+    ``has``: heads with a valid token): ``+inf`` for an empty head, ``-inf`` in a split's
+    partial."""
+    offs_h = h0 + gl.arange(0, BLOCK_H, layout=lse2.type.layout)
+    if SPLIT:
+        part_l = (b * H + offs_h).to(gl.int64) * num_splits + split
+        gl.store(part_lse_ptr + part_l, gl.where(has, lse2 * 0.6931471805599453, float("-inf")),
+                 mask=offs_h < H)
+    else:
+        gl.store(lse_ptr + b.to(gl.int64) * stride_lb + offs_h,
+                 gl.where(has, lse2 * 0.6931471805599453, float("inf")), mask=offs_h < H)
+
+
+@gluon.jit
+def _dequant_half(kn, kv_raw, kv_scale, s, ROW0: gl.constexpr, HALF: gl.constexpr,
+                  DEQ_ROWS: gl.constexpr, D_V: gl.constexpr, deq_l: gl.constexpr,
+                  DEQ_BF16: gl.constexpr):
+    """One warpgroup's share of the asymmetric consumers' dequantization: rows ``[ROW0, ROW0
+    + HALF)`` of stage ``s`` into the bf16 tile ``kn``, ``DEQ_ROWS`` at a time, then fenced
+    for the tensor cores and a partition barrier."""
+    for c in gl.static_range(HALF // DEQ_ROWS):
+        kn.slice(ROW0 + c * DEQ_ROWS, DEQ_ROWS).store(
+            _dequant_rows(kv_raw.index(s), kv_scale.index(s), ROW0 + c * DEQ_ROWS, DEQ_ROWS,
+                          D_V, deq_l, DEQ_BF16))
+    fence_async_shared()
+    _partition_barrier()
 
 
 @gluon.jit
@@ -471,12 +502,7 @@ def _consumer_a0(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
         fence_async_shared()        # the producer's copies, for the tensor cores
         if i > 0:
             mbarrier.wait(pv1_done, (i - 1) & 1)        # the bf16 tile is free
-        for c in gl.static_range(HALF // DEQ_ROWS):
-            kn.slice(c * DEQ_ROWS, DEQ_ROWS).store(
-                _dequant_rows(kv_raw.index(s), kv_scale.index(s), c * DEQ_ROWS, DEQ_ROWS, D_V,
-                              deq_l, DEQ_BF16))
-        fence_async_shared()
-        _partition_barrier()
+        _dequant_half(kn, kv_raw, kv_scale, s, 0, HALF, DEQ_ROWS, D_V, deq_l, DEQ_BF16)
         mbarrier.wait(deq1_done, i & 1)
         sc = warpgroup_mma(q_nope, kn.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         sc = warpgroup_mma(q_rope, kv_rope.index(s).permute((1, 0)), sc, is_async=True)
@@ -507,20 +533,20 @@ def _consumer_a0(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
     l_i = gl.sum(l_el, axis=1)
     has = l_i > 0.0
     l_safe = gl.where(has, l_i, 1.0)
-    lse2 = m_i + gl.log2(l_safe)
     # the row sums to warpgroup 1 once it has read the last rescale factors
     if t_end > t_begin:
         mbarrier.wait(pv1_done, (t_end - t_begin - 1) & 1)
     stat.store(l_safe)
     _partition_barrier()
     mbarrier.arrive(fin, count=1)
-    _pv_epilogue(acc, l_safe, has, lse2, b, h0, H, split, num_splits, out_ptr, stride_ob,
-                 stride_oh, lse_ptr, stride_lb, part_o_ptr, part_lse_ptr, 0, D_V, BLOCK_H,
-                 SPLIT, o_l, True)
+    _store_o(acc, l_safe, b, h0, H, split, num_splits, out_ptr, stride_ob, stride_oh,
+             part_o_ptr, 0, D_V, BLOCK_H, SPLIT, o_l)
+    _store_lse(m_i + gl.log2(l_safe), has, b, h0, H, split, num_splits, lse_ptr, stride_lb,
+               part_lse_ptr, BLOCK_H, SPLIT)
 
 
 @gluon.jit
-def _consumer_a1(out_ptr, stride_ob, stride_oh, part_o_ptr, part_lse_ptr,
+def _consumer_a1(out_ptr, stride_ob, stride_oh, part_o_ptr,
                  b, h0, H, split, num_splits, t_begin, t_end,
                  kv_nope, kv_rope, kv_raw, kv_scale, stat, ready, empty,
                  deq1_done, p_ready, pv0_done, pv1_done, fin,
@@ -533,8 +559,6 @@ def _consumer_a1(out_ptr, stride_ob, stride_oh, part_o_ptr, part_lse_ptr,
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, D_V // 2, 16])
     row_o: gl.constexpr = gl.SliceLayout(1, o_l)
-    stat_l: gl.constexpr = gl.SliceLayout(1, gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]))
     HALF: gl.constexpr = BLOCK_N // 2
     acc = gl.zeros([BLOCK_H, D_V // 2], gl.float32, layout=o_l)
     kn = kv_nope.index(0)
@@ -544,16 +568,10 @@ def _consumer_a1(out_ptr, stride_ob, stride_oh, part_o_ptr, part_lse_ptr,
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
         if i > 0:
             mbarrier.wait(pv0_done, (i - 1) & 1)        # the bf16 tile is free
-        for c in gl.static_range(HALF // DEQ_ROWS):
-            kn.slice(HALF + c * DEQ_ROWS, DEQ_ROWS).store(
-                _dequant_rows(kv_raw.index(s), kv_scale.index(s), HALF + c * DEQ_ROWS,
-                              DEQ_ROWS, D_V, deq_l, DEQ_BF16))
-        fence_async_shared()
-        _partition_barrier()
+        _dequant_half(kn, kv_raw, kv_scale, s, HALF, HALF, DEQ_ROWS, D_V, deq_l, DEQ_BF16)
         mbarrier.arrive(deq1_done, count=1)
         mbarrier.wait(p_ready, i & 1)
-        alpha = stat.load(stat_l)
-        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+        acc = acc * stat.load(row_o)[:, None]
         acc = warpgroup_mma(kv_rope.index(s), kn.slice(D_V // 2, D_V // 2, dim=1), acc,
                             is_async=True)
         acc = warpgroup_mma_wait(0, deps=[acc])
@@ -561,10 +579,131 @@ def _consumer_a1(out_ptr, stride_ob, stride_oh, part_o_ptr, part_lse_ptr,
         mbarrier.arrive(pv1_done, count=1)
         mbarrier.arrive(empty.index(s), count=1)
     mbarrier.wait(fin, 0)
-    l_safe = stat.load(stat_l)
-    _pv_epilogue(acc, l_safe, l_safe, l_safe, b, h0, H, split, num_splits, out_ptr, stride_ob,
-                 stride_oh, out_ptr, 0, part_o_ptr, part_lse_ptr, D_V // 2, D_V, BLOCK_H,
-                 SPLIT, o_l, False)
+    _store_o(acc, stat.load(row_o), b, h0, H, split, num_splits, out_ptr, stride_ob, stride_oh,
+             part_o_ptr, D_V // 2, D_V, BLOCK_H, SPLIT, o_l)
+
+
+@gluon.jit
+def _consumer_ta0(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
+                  part_o_ptr, part_lse_ptr,
+                  b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
+                  q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, p_t, stat, q_bar, ready,
+                  empty, deq1_done, p_ready, pv0_done, pv1_done, fin,
+                  D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+                  STAGES: gl.constexpr, SPLIT: gl.constexpr, DEQ_ROWS: gl.constexpr,
+                  deq_l: gl.constexpr, DEQ_BF16: gl.constexpr):
+    """The asymmetric consumers (:func:`_consumer_a0`) for the transposed 16- / 32-head
+    programs (:func:`_consumer_t`), warpgroup 0: all of ``S^T = k q^T`` ``[BLOCK_N, BLOCK_H]``
+    (the K tile read once, not once a warpgroup; the rope part first, under the
+    dequantization), the softmax over the tokens, ``P^T`` (``p_t``) and the rescale factors
+    to warpgroup 1, and ``O^T`` for the V dims ``[0, D_V / 2)``."""
+    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BLOCK_H, 16])
+    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BLOCK_H, 16])
+    tok_s: gl.constexpr = gl.SliceLayout(1, s_l)
+    head_s: gl.constexpr = gl.SliceLayout(0, s_l)
+    HALF: gl.constexpr = BLOCK_N // 2
+
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=head_s)
+    l_el = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_l)   # column sums, per element
+    acc = gl.zeros([D_V // 2, BLOCK_H], gl.float32, layout=o_l)
+    s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_l)
+
+    idx_row = idx_ptr + b.to(gl.int64) * stride_ib
+    offs_n = gl.arange(0, BLOCK_N, layout=tok_s)
+    on = t_begin * BLOCK_N + offs_n
+    n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
+    kn = kv_nope.index(0)
+    mbarrier.wait(q_bar, 0)
+    for t in range(t_begin, t_end):
+        i = t - t_begin
+        s = i % STAGES
+        idx = n_idx
+        on = (t + 1) * BLOCK_N + offs_n                 # the next tile's ids, early
+        n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
+        valid = (idx >= 0) & (idx < num_slots)
+
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        fence_async_shared()        # the producer's copies, for the tensor cores
+        sc = warpgroup_mma(kv_rope.index(s), q_rope.permute((1, 0)), s_zero, use_acc=False,
+                           is_async=True)
+        if i > 0:
+            mbarrier.wait(pv1_done, (i - 1) & 1)        # the bf16 tile and P^T are free
+        _dequant_half(kn, kv_raw, kv_scale, s, 0, HALF, DEQ_ROWS, D_V, deq_l, DEQ_BF16)
+        mbarrier.wait(deq1_done, i & 1)
+        sc = warpgroup_mma(kn, q_nope.permute((1, 0)), sc, is_async=True)
+        sc = warpgroup_mma_wait(0, deps=[sc])
+
+        sc = gl.where(valid[:, None], sc * qk_scale_log2, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(sc, axis=0))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(sc - m_use[None, :])
+        l_el = l_el * alpha[None, :] + p
+        p_t.store(p.to(gl.bfloat16))
+        stat.store(alpha)
+        fence_async_shared()
+        _partition_barrier()
+        mbarrier.arrive(p_ready, count=1)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, o_l))[None, :]
+        acc = warpgroup_mma(kn.slice(0, D_V // 2, dim=1).permute((1, 0)), p_t, acc,
+                            is_async=True)
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        _partition_barrier()
+        mbarrier.arrive(pv0_done, count=1)
+        mbarrier.arrive(empty.index(s), count=1)
+        m_i = m_new
+
+    l_i = gl.sum(l_el, axis=0)
+    has = l_i > 0.0
+    l_safe = gl.where(has, l_i, 1.0)
+    if t_end > t_begin:
+        mbarrier.wait(pv1_done, (t_end - t_begin - 1) & 1)
+    stat.store(l_safe)
+    _partition_barrier()
+    mbarrier.arrive(fin, count=1)
+    _store_o_t(acc, l_safe, b, h0, H, split, num_splits, out_ptr, stride_ob, stride_oh,
+               part_o_ptr, 0, D_V, BLOCK_H, SPLIT, o_l)
+    _store_lse(m_i + gl.log2(l_safe), has, b, h0, H, split, num_splits, lse_ptr, stride_lb,
+               part_lse_ptr, BLOCK_H, SPLIT)
+
+
+@gluon.jit
+def _consumer_ta1(out_ptr, stride_ob, stride_oh, part_o_ptr,
+                  b, h0, H, split, num_splits, t_begin, t_end,
+                  kv_nope, kv_raw, kv_scale, p_t, stat, ready, empty,
+                  deq1_done, p_ready, pv0_done, pv1_done, fin,
+                  D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+                  STAGES: gl.constexpr, SPLIT: gl.constexpr, DEQ_ROWS: gl.constexpr,
+                  deq_l: gl.constexpr, DEQ_BF16: gl.constexpr):
+    """Warpgroup 1 of :func:`_consumer_ta0`: dequantizes tokens ``[BLOCK_N / 2, BLOCK_N)``,
+    then ``O^T`` for the V dims ``[D_V / 2, D_V)``."""
+    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BLOCK_H, 16])
+    head_o: gl.constexpr = gl.SliceLayout(0, o_l)
+    HALF: gl.constexpr = BLOCK_N // 2
+    acc = gl.zeros([D_V // 2, BLOCK_H], gl.float32, layout=o_l)
+    kn = kv_nope.index(0)
+    for t in range(t_begin, t_end):
+        i = t - t_begin
+        s = i % STAGES
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        if i > 0:
+            mbarrier.wait(pv0_done, (i - 1) & 1)        # the bf16 tile is free
+        _dequant_half(kn, kv_raw, kv_scale, s, HALF, HALF, DEQ_ROWS, D_V, deq_l, DEQ_BF16)
+        mbarrier.arrive(deq1_done, count=1)
+        mbarrier.wait(p_ready, i & 1)
+        acc = acc * stat.load(head_o)[None, :]
+        acc = warpgroup_mma(kn.slice(D_V // 2, D_V // 2, dim=1).permute((1, 0)), p_t, acc,
+                            is_async=True)
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        _partition_barrier()
+        mbarrier.arrive(pv1_done, count=1)
+        mbarrier.arrive(empty.index(s), count=1)
+    mbarrier.wait(fin, 0)
+    _store_o_t(acc, stat.load(head_o), b, h0, H, split, num_splits, out_ptr, stride_ob,
+               stride_oh, part_o_ptr, D_V // 2, D_V, BLOCK_H, SPLIT, o_l)
 
 
 @gluon.jit
@@ -645,24 +784,10 @@ def _consumer_t(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stri
     l_i = gl.sum(l_el, axis=0)
     has = l_i > 0.0
     l_safe = gl.where(has, l_i, 1.0)
-    lse2 = m_i + gl.log2(l_safe)
-    o = acc / gl.convert_layout(l_safe, head_o)[None, :]
-    offs_h = h0 + gl.arange(0, BLOCK_H, layout=head_s)
-    offs_ho = h0 + gl.arange(0, BLOCK_H, layout=head_o)
-    offs_v = gl.arange(0, D_V, layout=gl.SliceLayout(1, o_l))
-    h_ok = offs_h < H
-    ho_ok = offs_ho < H
-    if SPLIT:
-        part_o = (((b * H + offs_ho).to(gl.int64) * num_splits + split) * D_V)
-        gl.store(part_o_ptr + part_o[None, :] + offs_v[:, None], o, mask=ho_ok[None, :])
-        part_l = (b * H + offs_h).to(gl.int64) * num_splits + split
-        gl.store(part_lse_ptr + part_l, gl.where(has, lse2 * 0.6931471805599453, float("-inf")),
-                 mask=h_ok)
-    else:
-        o_col = out_ptr + b.to(gl.int64) * stride_ob + offs_ho.to(gl.int64) * stride_oh
-        gl.store(o_col[None, :] + offs_v[:, None], o.to(gl.bfloat16), mask=ho_ok[None, :])
-        gl.store(lse_ptr + b.to(gl.int64) * stride_lb + offs_h,
-                 gl.where(has, lse2 * 0.6931471805599453, float("inf")), mask=h_ok)
+    _store_o_t(acc, l_safe, b, h0, H, split, num_splits, out_ptr, stride_ob, stride_oh,
+               part_o_ptr, 0, D_V, BLOCK_H, SPLIT, o_l)
+    _store_lse(m_i + gl.log2(l_safe), has, b, h0, H, split, num_splits, lse_ptr, stride_lb,
+               part_lse_ptr, BLOCK_H, SPLIT)
 
 
 @gluon.jit
@@ -688,6 +813,55 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
                      num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
                      kv_scale, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT,
                      IS_FP8, DEQ_ROWS, deq_l, DEQ_BF16)
+
+
+@gluon.jit
+def _consumer_w0(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
+                 part_o_ptr, part_lse_ptr,
+                 b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
+                 q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, p_t, stat, q_bar, ready,
+                 empty, deq1_done, p_ready, pv0_done, pv1_done, fin,
+                 D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+                 STAGES: gl.constexpr, SPLIT: gl.constexpr, DEQ_ROWS: gl.constexpr,
+                 deq_l: gl.constexpr, DEQ_BF16: gl.constexpr, TRANSPOSED: gl.constexpr):
+    """Warpgroup 0 of the asymmetric consumers (the default partition): :func:`_consumer_a0`
+    or, for 16- / 32-head programs, :func:`_consumer_ta0`."""
+    if TRANSPOSED:
+        _consumer_ta0(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
+                      part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end,
+                      lim, num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
+                      kv_scale, p_t, stat, q_bar, ready, empty, deq1_done, p_ready, pv0_done,
+                      pv1_done, fin, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, DEQ_ROWS, deq_l,
+                      DEQ_BF16)
+    else:
+        _consumer_a0(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
+                     part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end,
+                     lim, num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
+                     kv_scale, stat, q_bar, ready, empty, deq1_done, p_ready, pv0_done,
+                     pv1_done, fin, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, DEQ_ROWS, deq_l,
+                     DEQ_BF16)
+
+
+@gluon.jit
+def _consumer_w1(out_ptr, stride_ob, stride_oh, part_o_ptr,
+                 b, h0, H, split, num_splits, t_begin, t_end,
+                 kv_nope, kv_rope, kv_raw, kv_scale, p_t, stat, ready, empty,
+                 deq1_done, p_ready, pv0_done, pv1_done, fin,
+                 D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+                 STAGES: gl.constexpr, SPLIT: gl.constexpr, DEQ_ROWS: gl.constexpr,
+                 deq_l: gl.constexpr, DEQ_BF16: gl.constexpr, TRANSPOSED: gl.constexpr):
+    """Warpgroup 1 of the asymmetric consumers (a worker partition): :func:`_consumer_a1` or
+    :func:`_consumer_ta1`."""
+    if TRANSPOSED:
+        _consumer_ta1(out_ptr, stride_ob, stride_oh, part_o_ptr, b, h0, H, split, num_splits,
+                      t_begin, t_end, kv_nope, kv_raw, kv_scale, p_t, stat, ready, empty,
+                      deq1_done, p_ready, pv0_done, pv1_done, fin, D_V, BLOCK_H, BLOCK_N,
+                      STAGES, SPLIT, DEQ_ROWS, deq_l, DEQ_BF16)
+    else:
+        _consumer_a1(out_ptr, stride_ob, stride_oh, part_o_ptr, b, h0, H, split, num_splits,
+                     t_begin, t_end, kv_nope, kv_rope, kv_raw, kv_scale, stat, ready, empty,
+                     deq1_done, p_ready, pv0_done, pv1_done, fin, D_V, BLOCK_H, BLOCK_N,
+                     STAGES, SPLIT, DEQ_ROWS, deq_l, DEQ_BF16)
 
 
 @gluon.jit
@@ -756,25 +930,25 @@ def _sparse_mla_decode_ws_fwd(
         for j in gl.static_range(5):
             mbarrier.init(hand.index(j), count=1)
         gl.warp_specialize([
-            (_consumer_a0, (idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr,
+            (_consumer_w0, (idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr,
                             stride_lb, part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits,
                             t_begin, t_end, lim, num_slots, qk_scale_log2, q_nope, q_rope,
-                            kv_nope, kv_rope, kv_raw, kv_scale, stat, q_bar, ready, empty,
+                            kv_nope, kv_rope, kv_raw, kv_scale, p_t, stat, q_bar, ready, empty,
                             hand.index(0), hand.index(1), hand.index(2), hand.index(3),
                             hand.index(4), D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, DEQ_ROWS,
-                            DEQ_LAYOUT, DEQ_BF16)),
+                            DEQ_LAYOUT, DEQ_BF16, TRANSPOSED)),
             (_producer, (q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
                          scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
                          idx_ptr, stride_ib, b, h0, H, t_begin, t_end, lim, num_slots,
                          q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, ids, q_bar,
                          ready, empty, D_V, D_ROPE, BLOCK_H, BLOCK_N, ROWS, STAGES,
                          PRODUCER_WARPS, IS_FP8, RAW_LAYOUT, SCALE_LAYOUT)),
-            (_consumer_a1, (out_ptr, stride_ob, stride_oh, part_o_ptr, part_lse_ptr,
+            (_consumer_w1, (out_ptr, stride_ob, stride_oh, part_o_ptr,
                             b, h0, H, split, num_splits, t_begin, t_end,
-                            kv_nope, kv_rope, kv_raw, kv_scale, stat, ready, empty,
+                            kv_nope, kv_rope, kv_raw, kv_scale, p_t, stat, ready, empty,
                             hand.index(0), hand.index(1), hand.index(2), hand.index(3),
                             hand.index(4), D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, DEQ_ROWS,
-                            DEQ_LAYOUT, DEQ_BF16)),
+                            DEQ_LAYOUT, DEQ_BF16, TRANSPOSED)),
         ], [PRODUCER_WARPS, 4], [PRODUCER_REGS, A1_REGS])
     else:
         gl.warp_specialize([
@@ -890,7 +1064,8 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
     top_k, num_slots = indices.shape[1], kv_cache.shape[0]
     plan = plan_splits(q, top_k, num_slots, d_v, block_h, WS_BLOCK_N, num_splits, num_sms)
     out, lse, num_splits, _, part_o, part_lse = plan
-    info = LaunchInfo(block_h, WS_BLOCK_N, 8, stages, max(num_splits, 1), "producer", True,
+    info = LaunchInfo(block_h, WS_BLOCK_N, 4 if _asym(kind, block_h) else 8, stages,
+                      max(num_splits, 1), "producer", True,
                       kernel="ws")
     if num_splits == 0:
         return out, lse, info
@@ -910,7 +1085,7 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
 
 def _asym(kind: str, block_h: int) -> bool:
     """Whether ``kind`` rows in ``block_h``-head programs use the asymmetric consumers."""
-    return _ASYM_FP8_64 and kind == "fp8_ds_mla" and block_h == WS_BLOCK_H
+    return kind == "fp8_ds_mla" and (_ASYM_FP8_64 if block_h == WS_BLOCK_H else _ASYM_FP8_T)
 
 
 def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
