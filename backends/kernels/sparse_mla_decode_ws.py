@@ -1,5 +1,5 @@
 """Warp-specialised sparse MLA decode for Hopper (Gluon): producer warps gather, two
-consumer warpgroups multiply.
+consumer warpgroups dequantize and multiply.
 
 Same contract as :func:`backends.kernels.sparse_mla_decode.sparse_mla_decode` (its module doc
 has the semantics) for the shapes FlashMLA's Hopper decode serves: ``d_qk = d_v + 64`` with
@@ -20,10 +20,8 @@ that path, as FlashMLA's producer warps do:
   scales, the bf16 rope part). The copies arrive on the stage's ``ready`` mbarrier when they
   land (``cp.async.mbarrier.arrive.noinc``, one arrival a producer thread), so the producer
   goes on to the next tile at once: it runs up to ``STAGES`` tiles ahead.
-* **consumers** (the default partition, two warpgroups): wait for ``ready`` and fence the stage
-  for the tensor cores (async proxy); fp8_ds_mla rows are first dequantized from the stage into
-  one bf16 tile (``_DEQ_ROWS`` rows at a time, in registers) by both warpgroups. Then, per
-  program size:
+* **consumers** (two warpgroups), for bf16 rows (the default partition): wait for ``ready``
+  and fence the stage for the tensor cores (async proxy). Then, per program size:
 
   - **64 heads** (``_consumer_64``; more heads run several programs, a remainder is masked):
     ``S = q k^T`` as one 64 x 64 wgmma whose warps are laid out ``[4, 2]`` (each warpgroup
@@ -35,10 +33,22 @@ that path, as FlashMLA's producer warps do:
   - **16 or 32 heads** (``_consumer_t``, transposed; a TP8 or TP4 shard): the tile's 64
     tokens are the wgmma's M, so no head is padded: ``S^T = k q^T`` ``[64, BLOCK_H]`` with
     warps ``[4, 2]`` (each warpgroup owns half of the heads, so the softmax over the tokens
-    stays within a warpgroup; the rope part first, under the fp8 dequantization), ``P^T``
-    through its own ``[64, BLOCK_H]`` buffer, and ``O^T += V^T P^T`` ``[d_v, BLOCK_H]`` with
-    warps ``[8, 1]`` (each warpgroup owns half of the V dims for all heads, so each reads half
-    of the tile's V).
+    stays within a warpgroup; the rope part first), ``P^T`` through its own ``[64, BLOCK_H]``
+    buffer, and ``O^T += V^T P^T`` ``[d_v, BLOCK_H]`` with warps ``[8, 1]`` (each warpgroup
+    owns half of the V dims for all heads, so each reads half of the tile's V).
+
+* **asymmetric consumers** for fp8_ds_mla rows (warpgroup 0 the default partition, warpgroup 1
+  a worker partition of its own; ``_consumer_a0`` / ``_a1`` at 64 heads, ``_consumer_ta0`` /
+  ``_ta1`` transposed): each dequantizes half of the tile's tokens from the stage into one bf16
+  tile (:func:`_e4m3x4_to_bf16`); warpgroup 0 alone computes all of the scores (one wgmma of N
+  = 64 tokens, or N = the heads transposed: the query block, or the K tile, read from shared
+  memory once a tile instead of once a warpgroup, which was what bound the fp8 tile) and the
+  softmax, and hands ``P`` and the rescale factors to warpgroup 1 through shared memory; each
+  accumulates half of the V dims. Five mbarriers order the two (``deq1_done``: warpgroup 1's
+  rows landed; ``p_ready``; ``pv0_done`` / ``pv1_done``: a warpgroup's PV MMA is done with the
+  bf16 tile and ``P``; ``fin``: the row sums, once), and the stage goes back to the producer
+  when both have arrived on ``empty``. Measured on the H200 (B128 top_k 2048, BENCHMARKS 6r):
+  64 heads 211 us against 240 for the symmetric consumers, 16 heads 80 against 91.
 
   The stage goes back to the producer (``empty``); the row sums are accumulated per element
   and reduced once at the end.
@@ -47,8 +57,7 @@ Shared memory (:func:`shared_memory_bytes`): the query block (72 KB at 64 heads,
 512 bytes of slot ids, and ``stages`` stages of 64 tokens (bf16 rows: 72 KB each; fp8_ds_mla
 rows: 41 KB as stored, plus one 64 KB bf16 tile), of the 227 KB a program may have: two
 stages at 64 heads, three for fp8_ds_mla rows in 16-head programs (the default: the most that
-fit, at most 3). Measured on the H200 and why it is where it is (bf16 rows gather-bound, fp8
-rows bound by the dequantization): BENCHMARKS 6o, 6p.
+fit, at most 3). Measured on the H200 and why it is where it is: BENCHMARKS 6o-6r.
 """
 from __future__ import annotations
 
@@ -101,17 +110,23 @@ _DEQ_ROWS = 32
 _DEQ_ROWS_T = 64
 #: fp8_ds_mla rows: dequantized by bit moves and a bf16 multiply (:func:`_e4m3x4_to_bf16`)
 #: instead of through float32
+#: Measured on the H200 (BENCHMARKS 6r, raw scales): the output within 1e-4 of FlashMLA's
+#: (whose Hopper kernel computes the same) against 5.5e-3 through float32; 4.8e-3 from the
+#: float32 reference against 3.1e-3; B128 H128 211 us against 229 with the asymmetric
+#: consumers (239 / 240 with the symmetric ones)
 _DEQ_BF16 = True
 #: fp8_ds_mla rows in 64-head programs: asymmetric consumers (:func:`_consumer_a0`: one
 #: warpgroup computes the scores and the softmax, the other waits for P; each dequantizes half
 #: of the tile and accumulates half of the V columns) instead of both warpgroups splitting
-#: every MMA
+#: every MMA. Measured on the H200 (BENCHMARKS 6r, top_k 2048): B128 211 us against 239,
+#: B8 30.3 against 32.1, B1 18.8 against 19.7
 _ASYM_FP8_64 = True
 #: the same for fp8_ds_mla rows in the transposed 16- / 32-head programs
-#: (:func:`_consumer_ta0`)
+#: (:func:`_consumer_ta0`): B128 H16 80.1 us against 90.9, H32 104.3 against 108.8
 _ASYM_FP8_T = True
-#: the asymmetric consumers: rows a warpgroup dequantizes at a time, and the registers of
-#: warpgroup 1 (a worker partition; warpgroup 0 gets the rest of the 168 x 12 warps' budget)
+#: the asymmetric consumers: rows a warpgroup dequantizes at a time (B128 H128: 16 rows 211
+#: us, 32 rows 220), and the registers of warpgroup 1 (a worker partition; warpgroup 0 gets
+#: the rest of the 168 x 12 warps' budget: 248)
 _DEQ_ROWS_A = 16
 _A1_REGS = 208
 #: registers per thread of the whole program: 12 warps x 32 x 168 <= 64 K; the consumers get
