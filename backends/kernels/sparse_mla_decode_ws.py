@@ -128,6 +128,9 @@ _ASYM_FP8_T = True
 #: us, 32 rows 220), and the registers of warpgroup 1 (a worker partition; warpgroup 0 gets
 #: the rest of the 168 x 12 warps' budget: 248)
 _DEQ_ROWS_A = 16
+#: the producer issues the first tiles' copies without waiting for the query block's (which
+#: arrive on their own mbarrier), so its load overlaps the first gather
+_Q_EARLY = True
 _A1_REGS = 208
 #: registers per thread of the whole program: 12 warps x 32 x 168 <= 64 K; the consumers get
 #: (168 * 12 - 48 * 4) / 8 = 228 rounded down to setmaxnreg's multiple of 8: 224 (the PTX's
@@ -261,13 +264,15 @@ def _producer(q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
               D_V: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
               BLOCK_N: gl.constexpr, ROWS: gl.constexpr, STAGES: gl.constexpr,
               WARPS: gl.constexpr, IS_FP8: gl.constexpr, raw_l: gl.constexpr,
-              scale_l: gl.constexpr):
+              scale_l: gl.constexpr, Q_EARLY: gl.constexpr):
     nope_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])
     rope_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
     ids_l: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
     idx_row = idx_ptr + b.to(gl.int64) * stride_ib
     # ---- the query block and the first tile's slot ids, once ----
     _copy_ids(ids.index(0), idx_row, t_begin, lim, BLOCK_N, ids_l)
+    if Q_EARLY:
+        async_copy.commit_group()           # the ids on their own: the loop waits for them
     for c in gl.static_range(BLOCK_H // ROWS):
         hn = h0 + c * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, nope_l))
         _copy_rows(q_nope.slice(c * ROWS, ROWS), q_ptr + b.to(gl.int64) * stride_qb,
@@ -276,10 +281,15 @@ def _producer(q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
         _copy_rows(q_rope.slice(c * ROWS, ROWS), q_ptr + b.to(gl.int64) * stride_qb,
                    hr.to(gl.int64), hr < H, stride_qh, D_V, D_ROPE, rope_l, 8)
     async_copy.commit_group()
-    async_copy.wait_group(0)
-    fence_async_shared()
-    _partition_barrier()
-    mbarrier.arrive(q_bar, count=1)
+    if Q_EARLY:
+        # the query block arrives on q_bar when it lands, and the first tiles' copies go out
+        # at once (every stage's arrival comes after this thread's query copies too)
+        async_copy.mbarrier_arrive(q_bar, increment_count=False)
+    else:
+        async_copy.wait_group(0)
+        fence_async_shared()
+        _partition_barrier()
+        mbarrier.arrive(q_bar, count=1)
     # ---- the KV tiles of this split: each tile's slot ids come from shared memory, copied
     # one tile ahead (their load latency off the gather's path); the rows' copies arrive on
     # the stage's ready barrier when they land, so the next tile's go out at once ----
@@ -898,7 +908,7 @@ def _sparse_mla_decode_ws_fwd(
         DEQ_ROWS: gl.constexpr, DEQ_LAYOUT: gl.constexpr, RAW_SMEM: gl.constexpr,
         SCALE_SMEM: gl.constexpr, TRANSPOSED: gl.constexpr,
         P_COLS: gl.constexpr, DEQ_BF16: gl.constexpr, ASYM: gl.constexpr,
-        A1_REGS: gl.constexpr):
+        A1_REGS: gl.constexpr, Q_EARLY: gl.constexpr):
     pid = gl.program_id(0)
     hb = pid % num_head_blocks
     rest = pid // num_head_blocks
@@ -929,7 +939,7 @@ def _sparse_mla_decode_ws_fwd(
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
+    mbarrier.init(q_bar, count=PRODUCER_WARPS * 32 if Q_EARLY else 1)
     for j in gl.static_range(STAGES):
         mbarrier.init(ready.index(j), count=PRODUCER_WARPS * 32)
         mbarrier.init(empty.index(j), count=2 if ASYM else 1)
@@ -957,7 +967,7 @@ def _sparse_mla_decode_ws_fwd(
                          idx_ptr, stride_ib, b, h0, H, t_begin, t_end, lim, num_slots,
                          q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, ids, q_bar,
                          ready, empty, D_V, D_ROPE, BLOCK_H, BLOCK_N, ROWS, STAGES,
-                         PRODUCER_WARPS, IS_FP8, RAW_LAYOUT, SCALE_LAYOUT)),
+                         PRODUCER_WARPS, IS_FP8, RAW_LAYOUT, SCALE_LAYOUT, Q_EARLY)),
             (_consumer_w1, (out_ptr, stride_ob, stride_oh, part_o_ptr,
                             b, h0, H, split, num_splits, t_begin, t_end,
                             kv_nope, kv_rope, kv_raw, kv_scale, p_t, stat, ready, empty,
@@ -977,7 +987,7 @@ def _sparse_mla_decode_ws_fwd(
                          idx_ptr, stride_ib, b, h0, H, t_begin, t_end, lim, num_slots,
                          q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, ids, q_bar,
                          ready, empty, D_V, D_ROPE, BLOCK_H, BLOCK_N, ROWS, STAGES,
-                         PRODUCER_WARPS, IS_FP8, RAW_LAYOUT, SCALE_LAYOUT)),
+                         PRODUCER_WARPS, IS_FP8, RAW_LAYOUT, SCALE_LAYOUT, Q_EARLY)),
         ], [PRODUCER_WARPS], [PRODUCER_REGS])
 
 
@@ -1128,7 +1138,7 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
                                               [_PRODUCER_WARPS, 1], [1, 0]),
                 DEQ_ROWS=(_DEQ_ROWS_A if asym else _DEQ_ROWS if block_h == WS_BLOCK_H
                           else _DEQ_ROWS_T),
-                DEQ_BF16=_DEQ_BF16, ASYM=asym, A1_REGS=_A1_REGS,
+                DEQ_BF16=_DEQ_BF16, ASYM=asym, A1_REGS=_A1_REGS, Q_EARLY=_Q_EARLY,
                 DEQ_LAYOUT=gl.BlockedLayout([1, 1, 16], [8, 1, 4],
                                             [2, 1, 2] if asym else [4, 1, 2], [2, 0, 1]),
                 RAW_SMEM=gl.SwizzledSharedLayout(16, 1, 8, [2, 0, 1]),
