@@ -1,6 +1,7 @@
 """(1) The producer issuing the first tiles' copies before the query block has landed
 (``ws._Q_EARLY = True``: the query block arrives on its own mbarrier) against waiting for it
-first (``False``), both row formats, B128 at 128 and 16 heads and B1-B8 at 128 heads. (2) Where
+first (``False``), both row formats, B128 at 128 and 16 heads and B1-B8 at 128 heads; fp8 at 16
+heads also with 32 rows a dequantization chunk (``ws._DEQ_ROWS_A``, one chunk a warpgroup). (2) Where
 a small batch's fp8 time goes: the whole call, the decode kernel alone (the split combine
 skipped: its output is then wrong and not checked), and the combine alone on the partials the
 decode left (cold and warm L2). FlashMLA in the same process; top_k 2048. Checked rows against
@@ -30,11 +31,14 @@ for kv in ("fp8_ds_mla", "bf16"):
     for r in range(ROUNDS):
         for (b, h), prob in probs.items():
             ref = None
-            for name, v in [("flashmla", None), ("q_wait", False), ("q_early", True)]:
+            variants = [("flashmla", None), ("q_wait", (False, 16)), ("q_early", (True, 16))]
+            if h == 16 and kv == "fp8_ds_mla":
+                variants.append(("q_early_r32", (True, 32)))
+            for name, v in variants:
                 if v is None:
                     fn = lambda: fmla(prob.q, pool.cache, prob.indices, SM_SCALE, d_v=512)
                 else:
-                    ws._Q_EARLY = v
+                    ws._Q_EARLY, ws._DEQ_ROWS_A = v
                     fn = lambda: ws.sparse_mla_decode_ws(prob.q, pool.cache, prob.indices, SM_SCALE, 512)
                 out = fn()
                 torch.cuda.synchronize()
@@ -62,7 +66,7 @@ for kv in ("fp8_ds_mla", "bf16"):
                               t_cold.median_us, t_warm.median_us))
     del pool, probs
     torch.cuda.empty_cache()
-ws._Q_EARLY = True
+ws._Q_EARLY, ws._DEQ_ROWS_A = True, 16
 
 print(f"{'kv':11} {'B':>4} {'H':>4} {'variant':10} {'median_us':>9} {'p10':>7} {'p90':>7} "
       f"{'rel_err':>8} {'check':5} {'vs_first':>8} {'race':>8} {'/fmla':>6}")
