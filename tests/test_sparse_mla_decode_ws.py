@@ -209,50 +209,6 @@ def test_other_widths_and_a_partial_tile():
     assert torch.all(out == 0) and torch.all(lse == math.inf)
 
 
-def test_fused_combine_only_where_every_program_is_resident():
-    """The decode merges its own splits only for the asymmetric 64-head fp8 programs, a
-    power-of-two split count of at most d_v / 4, and a grid of at most one program an SM
-    (each program waits for its row's other splits)."""
-    from backends.kernels.sparse_mla_decode_ws import fused_combine_splits
-    assert fused_combine_splits("fp8_ds_mla", 64, 512, 16, 128, 132) == 16
-    assert fused_combine_splits("fp8_ds_mla", 64, 512, 16, 133, 132) == 0     # two waves
-    assert fused_combine_splits("fp8_ds_mla", 64, 512, 12, 96, 132) == 0      # not 2^n
-    assert fused_combine_splits("fp8_ds_mla", 64, 512, 1, 64, 132) == 0       # no split
-    assert fused_combine_splits("fp8_ds_mla", 64, 128, 64, 64, 132) == 0      # > d_v / 4
-    assert fused_combine_splits("fp8_ds_mla", 16, 512, 16, 64, 132) == 0      # transposed
-    assert fused_combine_splits("bf16", 64, 512, 16, 64, 132) == 0
-
-
-@pytest.mark.gpu
-@hopper
-def test_fused_combine_matches_the_combine_kernel(monkeypatch):
-    """Split calls of 64-head fp8 programs merge their splits inside the decode (a counter a
-    row, every split waiting for the others): the same outputs as the separate combine kernel
-    within float rounding, against the reference, with empty rows and splits; repeated calls
-    give the same bits (the counters go back to 0)."""
-    import backends.kernels.sparse_mla_decode_ws as ws
-    dev = torch.device("cuda")
-    q, kv, idx = _inputs(31, b=4, h=128, d_v=512, d_rope=64, k=2048, num_slots=20000,
-                         device=dev)
-    cache = make_kv_cache(kv, "fp8_ds_mla", d_nope=512)
-    idx[3] = -1                                      # an empty row
-    idx[1, :1024] = -1                               # row 1's first splits empty
-    for splits in (16, 8, 2):
-        outs = []
-        for fused in (True, False):
-            monkeypatch.setattr(ws, "_FUSED_COMBINE", fused)
-            out, lse, info = _check(q, cache, idx, 512, "fp8_ds_mla", num_splits=splits)
-            assert info.num_splits == splits
-            assert torch.all(out[3] == 0) and torch.all(lse[3] == math.inf)
-            outs.append((out, lse))
-        rel = ((outs[0][0].float() - outs[1][0].float()).norm() / outs[1][0].float().norm())
-        assert rel.item() <= 1e-3 and torch.allclose(outs[0][1], outs[1][1], atol=1e-5)
-        monkeypatch.setattr(ws, "_FUSED_COMBINE", True)
-        for _ in range(3):
-            again = ws.sparse_mla_decode_ws(q, cache, idx, 576 ** -0.5, 512, num_splits=splits)
-            assert torch.equal(again[0], outs[0][0]) and torch.equal(again[1], outs[0][1])
-
-
 @pytest.mark.gpu
 @hopper
 def test_fp8_dequantization_by_bit_moves_is_exact_on_power_of_two_scales(monkeypatch):

@@ -72,8 +72,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma, warpgroup_mma_wait)
 
 from backends.kernels.kv_format import fp8_ds_mla_offsets
-from backends.kernels.sparse_mla_decode import (LaunchInfo, _num_sms, check_decode_inputs,
-                                                combine_splits, kernel_args, plan_splits)
+from backends.kernels.sparse_mla_decode import (LaunchInfo, check_decode_inputs, combine_splits,
+                                                kernel_args, plan_splits)
 
 __all__ = ["sparse_mla_decode_ws", "ws_supported", "shared_memory_bytes", "compile_for_sm90",
            "WS_BLOCK_H", "WS_BLOCK_N"]
@@ -131,9 +131,6 @@ _DEQ_ROWS_A = 16
 #: the producer issues the first tiles' copies without waiting for the query block's (which
 #: arrive on their own mbarrier), so its load overlaps the first gather
 _Q_EARLY = True
-#: split calls of the asymmetric 64-head consumers merge their splits in the decode kernel
-#: (:func:`fused_combine_splits`) instead of a second launch
-_FUSED_COMBINE = True
 _A1_REGS = 208
 #: registers per thread of the whole program: 12 warps x 32 x 168 <= 64 K; the consumers get
 #: (168 * 12 - 48 * 4) / 8 = 228 rounded down to setmaxnreg's multiple of 8: 224 (the PTX's
@@ -483,56 +480,14 @@ def _dequant_half(kn, kv_raw, kv_scale, s, ROW0: gl.constexpr, HALF: gl.constexp
 
 
 @gluon.jit
-def _combine_slice(part_o_ptr, part_lse_ptr, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
-                   b, h0, H, split, S: gl.constexpr, D_V: gl.constexpr, ROWS: gl.constexpr,
-                   cmb_l: gl.constexpr):
-    """A program's share of the fused split combine: output columns ``[split * W, (split + 1)
-    * W)``, ``W = D_V / S``, of heads ``[h0, h0 + ROWS)`` of row ``b``, merged from all ``S``
-    splits' partials (``part_o [B, H, S, D_V]``, ``part_lse [B, H, S]`` float32, stored by every
-    split of the row before the caller's wait) exactly as :func:`combine_splits` merges them
-    (``exp(lse_s - max)`` weights; ``+inf`` and 0 where every split is empty); split 0 writes
-    the LSE. ``cmb_l``: a 3-D layout over ``[ROWS, S, W]``; loads bypass L1 (``.cg``)."""
-    W: gl.constexpr = D_V // S
-    l2: gl.constexpr = gl.SliceLayout(2, cmb_l)
-    lo: gl.constexpr = gl.SliceLayout(1, cmb_l)
-    heads = h0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, l2))
-    sp = gl.arange(0, S, layout=gl.SliceLayout(0, l2))
-    h_ok = heads < H
-    row = (b * H + heads).to(gl.int64) * S
-    lse_s = gl.load(part_lse_ptr + row[:, None] + sp[None, :], mask=h_ok[:, None],
-                    other=float("-inf"), cache_modifier=".cg")
-    cols = split * W + gl.arange(0, W, layout=gl.SliceLayout(0, lo))
-    po = gl.load(part_o_ptr + ((row[:, None] + sp[None, :]) * D_V)[:, :, None]
-                 + cols[None, None, :], mask=h_ok[:, None, None], other=0.0,
-                 cache_modifier=".cg")
-    m = gl.max(lse_s, axis=1)
-    m_use = gl.where(m == float("-inf"), 0.0, m)
-    w = gl.exp(lse_s - m_use[:, None])
-    total = gl.sum(w, axis=1)
-    has = total > 0.0
-    o = gl.sum(po * w[:, :, None], axis=1)
-    tot_o = gl.convert_layout(gl.where(has, total, 1.0), gl.SliceLayout(1, lo))
-    o = o / tot_o[:, None]
-    heads_o = h0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, lo))
-    o_row = out_ptr + b.to(gl.int64) * stride_ob + heads_o.to(gl.int64) * stride_oh
-    gl.store(o_row[:, None] + cols[None, :], o.to(gl.bfloat16), mask=(heads_o < H)[:, None])
-    if split == 0:
-        gl.store(lse_ptr + b.to(gl.int64) * stride_lb + heads,
-                 gl.where(has, m_use + gl.log(gl.where(has, total, 1.0)), float("inf")),
-                 mask=h_ok)
-
-
-@gluon.jit
 def _consumer_a0(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
                  part_o_ptr, part_lse_ptr,
                  b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
                  q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, stat, q_bar, ready, empty,
-                 deq1_done, p_ready, pv0_done, pv1_done, fin, stored, go, cnt_ptr,
-                 num_head_blocks,
+                 deq1_done, p_ready, pv0_done, pv1_done, fin,
                  D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, SPLIT: gl.constexpr, DEQ_ROWS: gl.constexpr,
-                 deq_l: gl.constexpr, DEQ_BF16: gl.constexpr, FUSED: gl.constexpr,
-                 S_F: gl.constexpr, cmb_l: gl.constexpr):
+                 deq_l: gl.constexpr, DEQ_BF16: gl.constexpr):
     """64-head fp8_ds_mla programs, asymmetric consumers, warpgroup 0 (the default
     partition): dequantizes tokens ``[0, BLOCK_N / 2)`` of each tile, computes all of ``S = q
     k^T`` (one 64 x 64 wgmma a k-step: the query block read from shared memory once a tile,
@@ -540,12 +495,7 @@ def _consumer_a0(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
     the rescale factors (``stat``) to warpgroup 1, and accumulates the V columns ``[0, D_V /
     2)``. Each tile's handshakes: ``deq1_done`` (warpgroup 1's rows landed), ``p_ready``,
     ``pv0_done`` / ``pv1_done`` (a warpgroup's PV MMA is done with the bf16 tile), ``fin`` (the
-    row sums, once). ``FUSED`` (a split call whose programs are all resident at once): after
-    both warpgroups' partials (``stored``), one thread counts the program in on the row's
-    counter ``cnt_ptr[b, head block]`` (int32, 0 between calls) and waits until every split
-    has, then both warpgroups (``go``) merge their half of the heads for this split's share
-    of the columns (:func:`_combine_slice`); the counter's second round (to ``2 S``) puts it
-    back to 0."""
+    row sums, once)."""
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BLOCK_N, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -618,30 +568,16 @@ def _consumer_a0(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
              part_o_ptr, 0, D_V, BLOCK_H, SPLIT, o_l)
     _store_lse(m_i + gl.log2(l_safe), has, b, h0, H, split, num_splits, lse_ptr, stride_lb,
                part_lse_ptr, BLOCK_H, SPLIT)
-    if FUSED:
-        _partition_barrier()
-        mbarrier.wait(stored, 0)
-        cnt = cnt_ptr + b * num_head_blocks + h0 // BLOCK_H
-        c = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") + 1
-        while c < num_splits:
-            c = gl.atomic_add(cnt, 0, sem="acquire", scope="gpu")
-        _partition_barrier()
-        mbarrier.arrive(go, count=1)
-        _combine_slice(part_o_ptr, part_lse_ptr, out_ptr, stride_ob, stride_oh, lse_ptr,
-                       stride_lb, b, h0, H, split, S_F, D_V, BLOCK_H // 2, cmb_l)
-        if gl.atomic_add(cnt, 1, sem="relaxed", scope="gpu") == 2 * num_splits - 1:
-            gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
 
 
 @gluon.jit
-def _consumer_a1(out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb, part_o_ptr, part_lse_ptr,
+def _consumer_a1(out_ptr, stride_ob, stride_oh, part_o_ptr,
                  b, h0, H, split, num_splits, t_begin, t_end,
                  kv_nope, kv_rope, kv_raw, kv_scale, stat, ready, empty,
-                 deq1_done, p_ready, pv0_done, pv1_done, fin, stored, go,
+                 deq1_done, p_ready, pv0_done, pv1_done, fin,
                  D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, SPLIT: gl.constexpr, DEQ_ROWS: gl.constexpr,
-                 deq_l: gl.constexpr, DEQ_BF16: gl.constexpr, FUSED: gl.constexpr,
-                 S_F: gl.constexpr, cmb_l: gl.constexpr):
+                 deq_l: gl.constexpr, DEQ_BF16: gl.constexpr):
     """Warpgroup 1 of the asymmetric 64-head fp8_ds_mla consumers (a worker partition; see
     :func:`_consumer_a0`): dequantizes tokens ``[BLOCK_N / 2, BLOCK_N)`` of each tile, then,
     given ``P`` and the rescale factors, accumulates the V columns ``[D_V / 2, D_V)``."""
@@ -670,13 +606,6 @@ def _consumer_a1(out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb, part_o_ptr, 
     mbarrier.wait(fin, 0)
     _store_o(acc, stat.load(row_o), b, h0, H, split, num_splits, out_ptr, stride_ob, stride_oh,
              part_o_ptr, D_V // 2, D_V, BLOCK_H, SPLIT, o_l)
-    if FUSED:
-        _partition_barrier()
-        mbarrier.arrive(stored, count=1)        # this half's partials, for warpgroup 0's count
-        mbarrier.wait(go, 0)                    # every split of the row has stored
-        _combine_slice(part_o_ptr, part_lse_ptr, out_ptr, stride_ob, stride_oh, lse_ptr,
-                       stride_lb, b, h0 + BLOCK_H // 2, H, split, S_F, D_V, BLOCK_H // 2,
-                       cmb_l)
 
 
 @gluon.jit
@@ -916,12 +845,10 @@ def _consumer_w0(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
                  part_o_ptr, part_lse_ptr,
                  b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
                  q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, p_t, stat, q_bar, ready,
-                 empty, deq1_done, p_ready, pv0_done, pv1_done, fin, stored, go, cnt_ptr,
-                 num_head_blocks,
+                 empty, deq1_done, p_ready, pv0_done, pv1_done, fin,
                  D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, SPLIT: gl.constexpr, DEQ_ROWS: gl.constexpr,
-                 deq_l: gl.constexpr, DEQ_BF16: gl.constexpr, TRANSPOSED: gl.constexpr,
-                 FUSED: gl.constexpr, S_F: gl.constexpr, cmb_l: gl.constexpr):
+                 deq_l: gl.constexpr, DEQ_BF16: gl.constexpr, TRANSPOSED: gl.constexpr):
     """Warpgroup 0 of the asymmetric consumers (the default partition): :func:`_consumer_a0`
     or, for 16- / 32-head programs, :func:`_consumer_ta0`."""
     if TRANSPOSED:
@@ -936,19 +863,18 @@ def _consumer_w0(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
                      part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end,
                      lim, num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
                      kv_scale, stat, q_bar, ready, empty, deq1_done, p_ready, pv0_done,
-                     pv1_done, fin, stored, go, cnt_ptr, num_head_blocks, D_V, BLOCK_H,
-                     BLOCK_N, STAGES, SPLIT, DEQ_ROWS, deq_l, DEQ_BF16, FUSED, S_F, cmb_l)
+                     pv1_done, fin, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, DEQ_ROWS, deq_l,
+                     DEQ_BF16)
 
 
 @gluon.jit
-def _consumer_w1(out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb, part_o_ptr, part_lse_ptr,
+def _consumer_w1(out_ptr, stride_ob, stride_oh, part_o_ptr,
                  b, h0, H, split, num_splits, t_begin, t_end,
                  kv_nope, kv_rope, kv_raw, kv_scale, p_t, stat, ready, empty,
-                 deq1_done, p_ready, pv0_done, pv1_done, fin, stored, go,
+                 deq1_done, p_ready, pv0_done, pv1_done, fin,
                  D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, SPLIT: gl.constexpr, DEQ_ROWS: gl.constexpr,
-                 deq_l: gl.constexpr, DEQ_BF16: gl.constexpr, TRANSPOSED: gl.constexpr,
-                 FUSED: gl.constexpr, S_F: gl.constexpr, cmb_l: gl.constexpr):
+                 deq_l: gl.constexpr, DEQ_BF16: gl.constexpr, TRANSPOSED: gl.constexpr):
     """Warpgroup 1 of the asymmetric consumers (a worker partition): :func:`_consumer_a1` or
     :func:`_consumer_ta1`."""
     if TRANSPOSED:
@@ -957,11 +883,10 @@ def _consumer_w1(out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb, part_o_ptr, 
                       deq1_done, p_ready, pv0_done, pv1_done, fin, D_V, BLOCK_H, BLOCK_N,
                       STAGES, SPLIT, DEQ_ROWS, deq_l, DEQ_BF16)
     else:
-        _consumer_a1(out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb, part_o_ptr,
-                     part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, kv_nope,
-                     kv_rope, kv_raw, kv_scale, stat, ready, empty, deq1_done, p_ready,
-                     pv0_done, pv1_done, fin, stored, go, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT,
-                     DEQ_ROWS, deq_l, DEQ_BF16, FUSED, S_F, cmb_l)
+        _consumer_a1(out_ptr, stride_ob, stride_oh, part_o_ptr, b, h0, H, split, num_splits,
+                     t_begin, t_end, kv_nope, kv_rope, kv_raw, kv_scale, stat, ready, empty,
+                     deq1_done, p_ready, pv0_done, pv1_done, fin, D_V, BLOCK_H, BLOCK_N,
+                     STAGES, SPLIT, DEQ_ROWS, deq_l, DEQ_BF16)
 
 
 @gluon.jit
@@ -976,7 +901,6 @@ def _sparse_mla_decode_ws_fwd(
         part_o_ptr, part_lse_ptr,             # [B, H, S, D_V] / [B, H, S] fp32 (SPLIT)
         H, K, num_slots, num_splits, tiles_per_split, num_head_blocks,
         qk_scale_log2,
-        cnt_ptr,                              # int32 [B * num_head_blocks], 0 (FUSED)
         D_V: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
         STAGES: gl.constexpr, ROWS: gl.constexpr, SPLIT: gl.constexpr,
         PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
@@ -984,8 +908,7 @@ def _sparse_mla_decode_ws_fwd(
         DEQ_ROWS: gl.constexpr, DEQ_LAYOUT: gl.constexpr, RAW_SMEM: gl.constexpr,
         SCALE_SMEM: gl.constexpr, TRANSPOSED: gl.constexpr,
         P_COLS: gl.constexpr, DEQ_BF16: gl.constexpr, ASYM: gl.constexpr,
-        A1_REGS: gl.constexpr, Q_EARLY: gl.constexpr, FUSED: gl.constexpr,
-        S_F: gl.constexpr, CMB_LAYOUT: gl.constexpr):
+        A1_REGS: gl.constexpr, Q_EARLY: gl.constexpr):
     pid = gl.program_id(0)
     hb = pid % num_head_blocks
     rest = pid // num_head_blocks
@@ -1028,8 +951,8 @@ def _sparse_mla_decode_ws_fwd(
     if ASYM:
         stat = gl.allocate_shared_memory(gl.float32, [BLOCK_H],
                                          gl.SwizzledSharedLayout(1, 1, 1, [0]))
-        hand = gl.allocate_shared_memory(gl.int64, [7, 1], mbarrier.MBarrierLayout())
-        for j in gl.static_range(7):
+        hand = gl.allocate_shared_memory(gl.int64, [5, 1], mbarrier.MBarrierLayout())
+        for j in gl.static_range(5):
             mbarrier.init(hand.index(j), count=1)
         gl.warp_specialize([
             (_consumer_w0, (idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr,
@@ -1037,22 +960,20 @@ def _sparse_mla_decode_ws_fwd(
                             t_begin, t_end, lim, num_slots, qk_scale_log2, q_nope, q_rope,
                             kv_nope, kv_rope, kv_raw, kv_scale, p_t, stat, q_bar, ready, empty,
                             hand.index(0), hand.index(1), hand.index(2), hand.index(3),
-                            hand.index(4), hand.index(5), hand.index(6), cnt_ptr,
-                            num_head_blocks, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, DEQ_ROWS,
-                            DEQ_LAYOUT, DEQ_BF16, TRANSPOSED, FUSED, S_F, CMB_LAYOUT)),
+                            hand.index(4), D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, DEQ_ROWS,
+                            DEQ_LAYOUT, DEQ_BF16, TRANSPOSED)),
             (_producer, (q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
                          scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
                          idx_ptr, stride_ib, b, h0, H, t_begin, t_end, lim, num_slots,
                          q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, ids, q_bar,
                          ready, empty, D_V, D_ROPE, BLOCK_H, BLOCK_N, ROWS, STAGES,
                          PRODUCER_WARPS, IS_FP8, RAW_LAYOUT, SCALE_LAYOUT, Q_EARLY)),
-            (_consumer_w1, (out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb, part_o_ptr,
-                            part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end,
+            (_consumer_w1, (out_ptr, stride_ob, stride_oh, part_o_ptr,
+                            b, h0, H, split, num_splits, t_begin, t_end,
                             kv_nope, kv_rope, kv_raw, kv_scale, p_t, stat, ready, empty,
                             hand.index(0), hand.index(1), hand.index(2), hand.index(3),
-                            hand.index(4), hand.index(5), hand.index(6), D_V, BLOCK_H, BLOCK_N,
-                            STAGES, SPLIT, DEQ_ROWS, DEQ_LAYOUT, DEQ_BF16, TRANSPOSED, FUSED,
-                            S_F, CMB_LAYOUT)),
+                            hand.index(4), D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, DEQ_ROWS,
+                            DEQ_LAYOUT, DEQ_BF16, TRANSPOSED)),
         ], [PRODUCER_WARPS, 4], [PRODUCER_REGS, A1_REGS])
     else:
         gl.warp_specialize([
@@ -1174,18 +1095,12 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
     if num_splits == 0:
         return out, lse, info
     num_head_blocks = -(-num_heads // block_h)
-    programs = bsz * num_splits * num_head_blocks
-    fused = fused_combine_splits(kind, block_h, d_v, num_splits, programs,
-                                 _num_sms(q.device.index if q.device.index is not None
-                                          else torch.cuda.current_device()))
-    counters = _combine_counters(q.device, bsz * num_head_blocks) if fused else indices
-    kernel = _sparse_mla_decode_ws_fwd[(programs,)](
+    kernel = _sparse_mla_decode_ws_fwd[(bsz * num_splits * num_head_blocks,)](
         *kernel_args(q, kv_cache, kind, indices, sm_scale, d_v, plan, num_head_blocks),
-        counters,
-        **_constexprs(kind, d_v, d_qk - d_v, stages, num_splits > 1, block_h, fused),
+        **_constexprs(kind, d_v, d_qk - d_v, stages, num_splits > 1, block_h),
         num_warps=4 if _asym(kind, block_h) else 8, maxnreg=_MAXNREG,
     )
-    if num_splits > 1 and not fused:
+    if num_splits > 1:
         combine_splits(part_o, part_lse, out, lse)
     n_regs, n_spills = getattr(kernel, "n_regs", None), getattr(kernel, "n_spills", None)
     return out, lse, replace(info, n_regs=None if n_regs is None else int(n_regs),
@@ -1198,44 +1113,8 @@ def _asym(kind: str, block_h: int) -> bool:
     return kind == "fp8_ds_mla" and (_ASYM_FP8_64 if block_h == WS_BLOCK_H else _ASYM_FP8_T)
 
 
-_COUNTERS: dict = {}
-
-
-def _combine_counters(device: torch.device, n: int) -> torch.Tensor:
-    """The fused combine's per-(row, head block) int32 counters on ``device``, at least ``n``;
-    zero between calls (each call's programs count to ``2 S`` and the last puts its counter
-    back to 0), allocated once and grown when a call needs more."""
-    key = str(device)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
-        buf = _COUNTERS[key] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-    return buf
-
-
-def _combine_layout(num_splits: int, d_v: int) -> gl.BlockedLayout:
-    """The fused combine's layout over ``[32 heads, S, d_v / S]`` float32 (4 warps, 16-byte
-    vectors along the columns)."""
-    w = max(d_v // num_splits, 4)
-    tpw_w = min(32, w // 4)
-    tpw_s = min(num_splits, 32 // tpw_w)
-    return gl.BlockedLayout([1, 1, 4], [32 // (tpw_w * tpw_s), tpw_s, tpw_w], [4, 1, 1],
-                            [2, 1, 0])
-
-
-def fused_combine_splits(kind: str, block_h: int, d_v: int, num_splits: int, programs: int,
-                         num_sms: int) -> int:
-    """The split count the decode merges itself (:func:`_combine_slice`), or 0 for a separate
-    :func:`combine_splits` launch: only with the asymmetric 64-head consumers, a power-of-two
-    split count of at most ``d_v / 4`` and every program resident at once (``programs <=
-    num_sms``: one program an SM), since each waits for its row's other splits."""
-    ok = (_FUSED_COMBINE and _asym(kind, block_h) and block_h == WS_BLOCK_H
-          and 1 < num_splits <= d_v // 4 and num_splits & (num_splits - 1) == 0
-          and programs <= num_sms)
-    return num_splits if ok else 0
-
-
 def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
-                block_h: int = WS_BLOCK_H, fused_splits: int = 0) -> dict:
+                block_h: int = WS_BLOCK_H) -> dict:
     """The kernel's compile-time arguments for KV rows of ``kind``: the fp8 layouts cover a
     row's ``d_v / 128`` scale groups of 128 bytes with 16-byte vectors (producer: 4 warps, a
     token's groups a warp; consumers' dequantization: 8 warps, 8 tokens x 64 bytes a warp). The
@@ -1260,8 +1139,6 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
                 DEQ_ROWS=(_DEQ_ROWS_A if asym else _DEQ_ROWS if block_h == WS_BLOCK_H
                           else _DEQ_ROWS_T),
                 DEQ_BF16=_DEQ_BF16, ASYM=asym, A1_REGS=_A1_REGS, Q_EARLY=_Q_EARLY,
-                FUSED=fused_splits > 1, S_F=max(fused_splits, 1),
-                CMB_LAYOUT=_combine_layout(max(fused_splits, 1), d_v),
                 DEQ_LAYOUT=gl.BlockedLayout([1, 1, 16], [8, 1, 4],
                                             [2, 1, 2] if asym else [4, 1, 2], [2, 0, 1]),
                 RAW_SMEM=gl.SwizzledSharedLayout(16, 1, 8, [2, 0, 1]),
@@ -1269,7 +1146,7 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
 
 
 def compile_for_sm90(kind: str = "bf16", *, d_v: int = 512, d_rope: int = 64, stages: int = 2,
-                     split: bool = False, block_h: int = WS_BLOCK_H, fused_splits: int = 0):
+                     split: bool = False, block_h: int = WS_BLOCK_H):
     """The kernel compiled by the installed Triton for sm_90a without a GPU (a
     ``triton.compiler.CompiledKernel``: ``asm["ttgir" | "ptx" | "cubin"]``,
     ``metadata.shared`` in bytes) for KV rows of ``kind`` (``"bf16"`` or ``"fp8_ds_mla"``), with
@@ -1281,9 +1158,9 @@ def compile_for_sm90(kind: str = "bf16", *, d_v: int = 512, d_rope: int = 64, st
 
     fn = _sparse_mla_decode_ws_fwd
     names = list(fn.arg_names)
-    const = _constexprs(kind, d_v, d_rope, stages, split, block_h, fused_splits)
+    const = _constexprs(kind, d_v, d_rope, stages, split, block_h)
     fp8 = kind == "fp8_ds_mla"
-    ptrs = dict(q_ptr="*bf16", kv_ptr="*u8" if fp8 else "*bf16", cnt_ptr="*i32",
+    ptrs = dict(q_ptr="*bf16", kv_ptr="*u8" if fp8 else "*bf16",
                 scale_ptr="*fp32" if fp8 else "*bf16", rope_ptr="*bf16", idx_ptr="*i32",
                 out_ptr="*bf16", lse_ptr="*fp32", part_o_ptr="*fp32", part_lse_ptr="*fp32")
     div16 = {"stride_qb", "stride_qh", "stride_kv", "stride_ib", "stride_ob", "stride_oh",
