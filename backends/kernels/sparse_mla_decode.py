@@ -624,16 +624,14 @@ def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Te
 
 
 def plan_splits(q: torch.Tensor, top_k: int, num_slots: int, d_v: int, block_h: int,
-                block_n: int, num_splits: Optional[int], num_sms: Optional[int],
-                part_dtype: torch.dtype = torch.float32):
+                block_n: int, num_splits: Optional[int], num_sms: Optional[int]):
     """The flash-decoding plan of one call: ``(out, lse, num_splits, tiles_per_split, part_o,
     part_lse)``. ``out [B, H, d_v]`` bf16 and ``lse [B, H]`` fp32 are allocated on ``q``'s
     device; ``num_splits`` (default :func:`choose_num_splits`; ValueError unless an int >= 1)
     is cut so that every split gets at least one ``block_n`` tile, and is 0 when there is
     nothing to attend (``top_k`` or ``num_slots`` 0: ``out`` is then 0 and ``lse`` ``+inf``,
-    nothing to launch); ``part_o [B, H, S, d_v]`` (``part_dtype``) / ``part_lse [B, H, S]``
-    fp32 are the per-split partials for :func:`combine_splits` (``lse`` itself, unused, with one
-    split)."""
+    nothing to launch); ``part_o [B, H, S, d_v]`` / ``part_lse [B, H, S]`` fp32 are the
+    per-split partials for :func:`combine_splits` (``lse`` itself, unused, with one split)."""
     bsz, num_heads, _ = q.shape
     if num_sms is None:
         num_sms = (_num_sms(q.device.index if q.device.index is not None else torch.cuda.current_device())
@@ -654,7 +652,7 @@ def plan_splits(q: torch.Tensor, top_k: int, num_slots: int, d_v: int, block_h: 
     tiles_per_split = triton.cdiv(n_tiles, num_splits)
     num_splits = triton.cdiv(n_tiles, tiles_per_split)
     if num_splits > 1:
-        part_o = torch.empty((bsz, num_heads, num_splits, d_v), dtype=part_dtype, device=q.device)
+        part_o = torch.empty((bsz, num_heads, num_splits, d_v), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((bsz, num_heads, num_splits), dtype=torch.float32, device=q.device)
     else:
         part_o, part_lse = lse, lse
@@ -667,8 +665,8 @@ _COMBINE_ELEMS = 4096
 
 def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor,
                    lse: torch.Tensor) -> None:
-    """Merges per-split partials ``part_o [B, H, S, d_v]`` (normalised o; float32 or bf16) and
-    ``part_lse [B, H, S]`` (float32, natural log, -inf for an empty split), contiguous, into ``out [B, H, d_v]``
+    """Merges per-split partials ``part_o [B, H, S, d_v]`` (normalised o) and ``part_lse
+    [B, H, S]`` (natural log, -inf for an empty split), fp32 contiguous, into ``out [B, H, d_v]``
     bf16 and ``lse [B, H]`` fp32 (``+inf`` and 0 where every split is empty). Measured on the
     H200 (BENCHMARKS 6q, fp8_ds_mla rows, H128 top_k 2048): the combine alone 9.0 / 7.8 / 10.3 /
     9.8 us at B1 / 2 / 4 / 8 against 13.5 / 9.8 / 11.6 / 10.3 with a loop over the splits, the

@@ -131,9 +131,6 @@ _DEQ_ROWS_A = 16
 #: the producer issues the first tiles' copies without waiting for the query block's (which
 #: arrive on their own mbarrier), so its load overlaps the first gather
 _Q_EARLY = True
-#: split calls store each split's normalised output as bf16 instead of float32 (half the
-#: partials' bytes written by the decode and read by the combine)
-_PART_BF16 = True
 _A1_REGS = 208
 #: registers per thread of the whole program: 12 warps x 32 x 168 <= 64 K; the consumers get
 #: (168 * 12 - 48 * 4) / 8 = 228 rounded down to setmaxnreg's multiple of 8: 224 (the PTX's
@@ -1090,8 +1087,7 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
                          f"d_v={d_v} and {block_h}-head programs; a program may have "
                          f"{_SMEM_BUDGET} (at most {most} stages)")
     top_k, num_slots = indices.shape[1], kv_cache.shape[0]
-    plan = plan_splits(q, top_k, num_slots, d_v, block_h, WS_BLOCK_N, num_splits, num_sms,
-                       torch.bfloat16 if _PART_BF16 else torch.float32)
+    plan = plan_splits(q, top_k, num_slots, d_v, block_h, WS_BLOCK_N, num_splits, num_sms)
     out, lse, num_splits, _, part_o, part_lse = plan
     info = LaunchInfo(block_h, WS_BLOCK_N, 4 if _asym(kind, block_h) else 8, stages,
                       max(num_splits, 1), "producer", True,
