@@ -144,7 +144,8 @@ def test_compiles_for_sm90_within_shared_memory():
     from tests.test_sparse_mla_decode import _H200_SMEM, _compile_report
     rep = _compile_report(_WS_COMPILE)
     for kind, r in rep.items():
-        assert r["wgmma"] == {"bf16": 40, "fp8_ds_mla": 44}[kind] and r["cp_async"] > 0, (kind, r)
+        assert r["wgmma"] == {"bf16": 40, "fp8_ds_mla": 44}[kind], (kind, r)
+        assert r["cp_async"] > 0, (kind, r)
         assert kind != "bf16" or r["bar_before_p"] >= 1, (kind, r)
         assert {"setmaxnreg.dec.sync.aligned.u32", "setmaxnreg.inc.sync.aligned.u32"} <= set(r["maxnreg"]), r
         assert 2 * (64 * 576 * 2) < r["shared"] <= _H200_SMEM, (kind, r)

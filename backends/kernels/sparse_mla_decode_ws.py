@@ -38,9 +38,9 @@ that path, as FlashMLA's producer warps do:
     owns half of the V dims for all heads, so each reads half of the tile's V).
 
 * **asymmetric consumers** for fp8_ds_mla rows (warpgroup 0 the default partition, warpgroup 1
-  a worker partition of its own; ``_consumer_a0`` / ``_a1`` at 64 heads, ``_consumer_ta0`` /
-  ``_ta1`` transposed): each dequantizes half of the tile's tokens from the stage into one bf16
-  tile (:func:`_e4m3x4_to_bf16`); warpgroup 0 alone computes all of the scores (one wgmma of N
+  a worker partition of its own; ``_consumer_a0`` at 64 heads, ``_consumer_ta0`` transposed,
+  ``_consumer_a1`` for both): each dequantizes half of the tile's tokens from the stage into
+  one bf16 tile (:func:`_e4m3x4_to_bf16`); warpgroup 0 alone computes all of the scores (one wgmma of N
   = 64 tokens, or N = the heads transposed: the query block, or the K tile, read from shared
   memory once a tile instead of once a warpgroup, which was what bound the fp8 tile) and the
   softmax, and hands ``P`` and the rescale factors to warpgroup 1 through shared memory; each
@@ -334,6 +334,45 @@ def _producer(q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
 
 
 @gluon.jit
+def _tile_ids(idx_row, t, offs_n, lim, BLOCK_N: gl.constexpr):
+    """Tile ``t``'s slot ids ``idx_row[t * BLOCK_N + offs_n]`` (int32, in ``offs_n``'s layout);
+    -1 at ``lim`` or beyond."""
+    on = t * BLOCK_N + offs_n
+    return gl.load(idx_row + on, mask=on < lim, other=-1)
+
+
+@gluon.jit
+def _tile_done(pv_done, empty_s):
+    """The end of an asymmetric consumer's tile: its PV MMA, waited for by every thread, is done
+    with the bf16 tile and P (``pv_done``), and its share of the stage goes back (``empty_s``)."""
+    _partition_barrier()
+    mbarrier.arrive(pv_done, count=1)
+    mbarrier.arrive(empty_s, count=1)
+
+
+@gluon.jit
+def _hand_p(p_buf, p, stat, alpha, p_ready):
+    """Asymmetric warpgroup 0 hands a tile to warpgroup 1: ``p`` as bf16 into ``p_buf`` (for
+    the tensor cores) and the rescale factors ``alpha`` into ``stat``, then ``p_ready``."""
+    p_buf.store(p.to(gl.bfloat16))
+    stat.store(alpha)
+    fence_async_shared()
+    _partition_barrier()
+    mbarrier.arrive(p_ready, count=1)
+
+
+@gluon.jit
+def _hand_row_sums(stat, l_safe, pv1_done, fin, t_begin, t_end):
+    """Asymmetric warpgroup 0 hands the row sums ``l_safe`` to warpgroup 1 (``stat``, then
+    ``fin``) once warpgroup 1 has read the last tile's rescale factors (its last ``pv1_done``)."""
+    if t_end > t_begin:
+        mbarrier.wait(pv1_done, (t_end - t_begin - 1) & 1)
+    stat.store(l_safe)
+    _partition_barrier()
+    mbarrier.arrive(fin, count=1)
+
+
+@gluon.jit
 def _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
                  part_o_ptr, part_lse_ptr,
                  b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
@@ -356,15 +395,13 @@ def _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
 
     idx_row = idx_ptr + b.to(gl.int64) * stride_ib
     offs_n = gl.arange(0, BLOCK_N, layout=col_s)
-    on = t_begin * BLOCK_N + offs_n
-    n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
+    n_idx = _tile_ids(idx_row, t_begin, offs_n, lim, BLOCK_N)
     mbarrier.wait(q_bar, 0)
     for t in range(t_begin, t_end):
         i = t - t_begin
         s = i % STAGES
         idx = n_idx
-        on = (t + 1) * BLOCK_N + offs_n                 # the next tile's ids, early
-        n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
+        n_idx = _tile_ids(idx_row, t + 1, offs_n, lim, BLOCK_N)   # the next tile's, early
         valid = (idx >= 0) & (idx < num_slots)
 
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
@@ -511,16 +548,14 @@ def _consumer_a0(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
 
     idx_row = idx_ptr + b.to(gl.int64) * stride_ib
     offs_n = gl.arange(0, BLOCK_N, layout=col_s)
-    on = t_begin * BLOCK_N + offs_n
-    n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
+    n_idx = _tile_ids(idx_row, t_begin, offs_n, lim, BLOCK_N)
     kn = kv_nope.index(0)
     mbarrier.wait(q_bar, 0)
     for t in range(t_begin, t_end):
         i = t - t_begin
         s = i % STAGES
         idx = n_idx
-        on = (t + 1) * BLOCK_N + offs_n                 # the next tile's ids, early
-        n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
+        n_idx = _tile_ids(idx_row, t + 1, offs_n, lim, BLOCK_N)   # the next tile's, early
         valid = (idx >= 0) & (idx < num_slots)
 
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
@@ -542,70 +577,21 @@ def _consumer_a0(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
         # P into the stage's rope tile (this warpgroup's score MMAs, the only readers, are
         # done), the rescale factors beside it, then warpgroup 1 may go
         p_smem = kv_rope.index(s)
-        p_smem.store(p.to(gl.bfloat16))
-        stat.store(alpha)
-        fence_async_shared()
-        _partition_barrier()
-        mbarrier.arrive(p_ready, count=1)
+        _hand_p(p_smem, p, stat, alpha, p_ready)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
         acc = warpgroup_mma(p_smem, kn.slice(0, D_V // 2, dim=1), acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=[acc])
-        _partition_barrier()
-        mbarrier.arrive(pv0_done, count=1)
-        mbarrier.arrive(empty.index(s), count=1)
+        _tile_done(pv0_done, empty.index(s))
         m_i = m_new
 
     l_i = gl.sum(l_el, axis=1)
     has = l_i > 0.0
     l_safe = gl.where(has, l_i, 1.0)
-    # the row sums to warpgroup 1 once it has read the last rescale factors
-    if t_end > t_begin:
-        mbarrier.wait(pv1_done, (t_end - t_begin - 1) & 1)
-    stat.store(l_safe)
-    _partition_barrier()
-    mbarrier.arrive(fin, count=1)
+    _hand_row_sums(stat, l_safe, pv1_done, fin, t_begin, t_end)
     _store_o(acc, l_safe, b, h0, H, split, num_splits, out_ptr, stride_ob, stride_oh,
              part_o_ptr, 0, D_V, BLOCK_H, SPLIT, o_l)
     _store_lse(m_i + gl.log2(l_safe), has, b, h0, H, split, num_splits, lse_ptr, stride_lb,
                part_lse_ptr, BLOCK_H, SPLIT)
-
-
-@gluon.jit
-def _consumer_a1(out_ptr, stride_ob, stride_oh, part_o_ptr,
-                 b, h0, H, split, num_splits, t_begin, t_end,
-                 kv_nope, kv_rope, kv_raw, kv_scale, stat, ready, empty,
-                 deq1_done, p_ready, pv0_done, pv1_done, fin,
-                 D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
-                 STAGES: gl.constexpr, SPLIT: gl.constexpr, DEQ_ROWS: gl.constexpr,
-                 deq_l: gl.constexpr, DEQ_BF16: gl.constexpr):
-    """Warpgroup 1 of the asymmetric 64-head fp8_ds_mla consumers (a worker partition; see
-    :func:`_consumer_a0`): dequantizes tokens ``[BLOCK_N / 2, BLOCK_N)`` of each tile, then,
-    given ``P`` and the rescale factors, accumulates the V columns ``[D_V / 2, D_V)``."""
-    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, D_V // 2, 16])
-    row_o: gl.constexpr = gl.SliceLayout(1, o_l)
-    HALF: gl.constexpr = BLOCK_N // 2
-    acc = gl.zeros([BLOCK_H, D_V // 2], gl.float32, layout=o_l)
-    kn = kv_nope.index(0)
-    for t in range(t_begin, t_end):
-        i = t - t_begin
-        s = i % STAGES
-        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-        if i > 0:
-            mbarrier.wait(pv0_done, (i - 1) & 1)        # the bf16 tile is free
-        _dequant_half(kn, kv_raw, kv_scale, s, HALF, HALF, DEQ_ROWS, D_V, deq_l, DEQ_BF16)
-        mbarrier.arrive(deq1_done, count=1)
-        mbarrier.wait(p_ready, i & 1)
-        acc = acc * stat.load(row_o)[:, None]
-        acc = warpgroup_mma(kv_rope.index(s), kn.slice(D_V // 2, D_V // 2, dim=1), acc,
-                            is_async=True)
-        acc = warpgroup_mma_wait(0, deps=[acc])
-        _partition_barrier()
-        mbarrier.arrive(pv1_done, count=1)
-        mbarrier.arrive(empty.index(s), count=1)
-    mbarrier.wait(fin, 0)
-    _store_o(acc, stat.load(row_o), b, h0, H, split, num_splits, out_ptr, stride_ob, stride_oh,
-             part_o_ptr, D_V // 2, D_V, BLOCK_H, SPLIT, o_l)
 
 
 @gluon.jit
@@ -637,16 +623,14 @@ def _consumer_ta0(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, st
 
     idx_row = idx_ptr + b.to(gl.int64) * stride_ib
     offs_n = gl.arange(0, BLOCK_N, layout=tok_s)
-    on = t_begin * BLOCK_N + offs_n
-    n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
+    n_idx = _tile_ids(idx_row, t_begin, offs_n, lim, BLOCK_N)
     kn = kv_nope.index(0)
     mbarrier.wait(q_bar, 0)
     for t in range(t_begin, t_end):
         i = t - t_begin
         s = i % STAGES
         idx = n_idx
-        on = (t + 1) * BLOCK_N + offs_n                 # the next tile's ids, early
-        n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
+        n_idx = _tile_ids(idx_row, t + 1, offs_n, lim, BLOCK_N)   # the next tile's, early
         valid = (idx >= 0) & (idx < num_slots)
 
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
@@ -666,28 +650,18 @@ def _consumer_ta0(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, st
         alpha = gl.exp2(m_i - m_use)
         p = gl.exp2(sc - m_use[None, :])
         l_el = l_el * alpha[None, :] + p
-        p_t.store(p.to(gl.bfloat16))
-        stat.store(alpha)
-        fence_async_shared()
-        _partition_barrier()
-        mbarrier.arrive(p_ready, count=1)
+        _hand_p(p_t, p, stat, alpha, p_ready)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, o_l))[None, :]
         acc = warpgroup_mma(kn.slice(0, D_V // 2, dim=1).permute((1, 0)), p_t, acc,
                             is_async=True)
         acc = warpgroup_mma_wait(0, deps=[acc])
-        _partition_barrier()
-        mbarrier.arrive(pv0_done, count=1)
-        mbarrier.arrive(empty.index(s), count=1)
+        _tile_done(pv0_done, empty.index(s))
         m_i = m_new
 
     l_i = gl.sum(l_el, axis=0)
     has = l_i > 0.0
     l_safe = gl.where(has, l_i, 1.0)
-    if t_end > t_begin:
-        mbarrier.wait(pv1_done, (t_end - t_begin - 1) & 1)
-    stat.store(l_safe)
-    _partition_barrier()
-    mbarrier.arrive(fin, count=1)
+    _hand_row_sums(stat, l_safe, pv1_done, fin, t_begin, t_end)
     _store_o_t(acc, l_safe, b, h0, H, split, num_splits, out_ptr, stride_ob, stride_oh,
                part_o_ptr, 0, D_V, BLOCK_H, SPLIT, o_l)
     _store_lse(m_i + gl.log2(l_safe), has, b, h0, H, split, num_splits, lse_ptr, stride_lb,
@@ -695,20 +669,26 @@ def _consumer_ta0(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, st
 
 
 @gluon.jit
-def _consumer_ta1(out_ptr, stride_ob, stride_oh, part_o_ptr,
-                  b, h0, H, split, num_splits, t_begin, t_end,
-                  kv_nope, kv_raw, kv_scale, p_t, stat, ready, empty,
-                  deq1_done, p_ready, pv0_done, pv1_done, fin,
-                  D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
-                  STAGES: gl.constexpr, SPLIT: gl.constexpr, DEQ_ROWS: gl.constexpr,
-                  deq_l: gl.constexpr, DEQ_BF16: gl.constexpr):
-    """Warpgroup 1 of :func:`_consumer_ta0`: dequantizes tokens ``[BLOCK_N / 2, BLOCK_N)``,
-    then ``O^T`` for the V dims ``[D_V / 2, D_V)``."""
-    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, BLOCK_H, 16])
-    head_o: gl.constexpr = gl.SliceLayout(0, o_l)
+def _consumer_a1(out_ptr, stride_ob, stride_oh, part_o_ptr,
+                 b, h0, H, split, num_splits, t_begin, t_end,
+                 kv_nope, kv_rope, kv_raw, kv_scale, p_t, stat, ready, empty,
+                 deq1_done, p_ready, pv0_done, pv1_done, fin,
+                 D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+                 STAGES: gl.constexpr, SPLIT: gl.constexpr, DEQ_ROWS: gl.constexpr,
+                 deq_l: gl.constexpr, DEQ_BF16: gl.constexpr, TRANSPOSED: gl.constexpr):
+    """Warpgroup 1 of the asymmetric fp8_ds_mla consumers (a worker partition; see
+    :func:`_consumer_a0` and, transposed, :func:`_consumer_ta0`): dequantizes tokens
+    ``[BLOCK_N / 2, BLOCK_N)`` of each tile, then, given ``P`` (the stage's rope tile; ``P^T``
+    in ``p_t`` transposed) and the rescale factors, accumulates the V dims ``[D_V / 2, D_V)``
+    of ``O`` (of ``O^T`` transposed)."""
+    o_l: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1],
+        instr_shape=[16, BLOCK_H if TRANSPOSED else D_V // 2, 16])
     HALF: gl.constexpr = BLOCK_N // 2
-    acc = gl.zeros([D_V // 2, BLOCK_H], gl.float32, layout=o_l)
+    if TRANSPOSED:
+        acc = gl.zeros([D_V // 2, BLOCK_H], gl.float32, layout=o_l)
+    else:
+        acc = gl.zeros([BLOCK_H, D_V // 2], gl.float32, layout=o_l)
     kn = kv_nope.index(0)
     for t in range(t_begin, t_end):
         i = t - t_begin
@@ -719,16 +699,23 @@ def _consumer_ta1(out_ptr, stride_ob, stride_oh, part_o_ptr,
         _dequant_half(kn, kv_raw, kv_scale, s, HALF, HALF, DEQ_ROWS, D_V, deq_l, DEQ_BF16)
         mbarrier.arrive(deq1_done, count=1)
         mbarrier.wait(p_ready, i & 1)
-        acc = acc * stat.load(head_o)[None, :]
-        acc = warpgroup_mma(kn.slice(D_V // 2, D_V // 2, dim=1).permute((1, 0)), p_t, acc,
-                            is_async=True)
+        if TRANSPOSED:
+            acc = acc * stat.load(gl.SliceLayout(0, o_l))[None, :]
+            acc = warpgroup_mma(kn.slice(D_V // 2, D_V // 2, dim=1).permute((1, 0)), p_t, acc,
+                                is_async=True)
+        else:
+            acc = acc * stat.load(gl.SliceLayout(1, o_l))[:, None]
+            acc = warpgroup_mma(kv_rope.index(s), kn.slice(D_V // 2, D_V // 2, dim=1), acc,
+                                is_async=True)
         acc = warpgroup_mma_wait(0, deps=[acc])
-        _partition_barrier()
-        mbarrier.arrive(pv1_done, count=1)
-        mbarrier.arrive(empty.index(s), count=1)
+        _tile_done(pv1_done, empty.index(s))
     mbarrier.wait(fin, 0)
-    _store_o_t(acc, stat.load(head_o), b, h0, H, split, num_splits, out_ptr, stride_ob,
-               stride_oh, part_o_ptr, D_V // 2, D_V, BLOCK_H, SPLIT, o_l)
+    if TRANSPOSED:
+        _store_o_t(acc, stat.load(gl.SliceLayout(0, o_l)), b, h0, H, split, num_splits,
+                   out_ptr, stride_ob, stride_oh, part_o_ptr, D_V // 2, D_V, BLOCK_H, SPLIT, o_l)
+    else:
+        _store_o(acc, stat.load(gl.SliceLayout(1, o_l)), b, h0, H, split, num_splits, out_ptr,
+                 stride_ob, stride_oh, part_o_ptr, D_V // 2, D_V, BLOCK_H, SPLIT, o_l)
 
 
 @gluon.jit
@@ -764,15 +751,13 @@ def _consumer_t(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stri
 
     idx_row = idx_ptr + b.to(gl.int64) * stride_ib
     offs_n = gl.arange(0, BLOCK_N, layout=tok_s)
-    on = t_begin * BLOCK_N + offs_n
-    n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
+    n_idx = _tile_ids(idx_row, t_begin, offs_n, lim, BLOCK_N)
     mbarrier.wait(q_bar, 0)
     for t in range(t_begin, t_end):
         i = t - t_begin
         s = i % STAGES
         idx = n_idx
-        on = (t + 1) * BLOCK_N + offs_n                 # the next tile's ids, early
-        n_idx = gl.load(idx_row + on, mask=on < lim, other=-1)
+        n_idx = _tile_ids(idx_row, t + 1, offs_n, lim, BLOCK_N)   # the next tile's, early
         valid = (idx >= 0) & (idx < num_slots)
 
         # the rope part of the scores first: it needs no dequantization, so for fp8 rows it
@@ -868,28 +853,6 @@ def _consumer_w0(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
 
 
 @gluon.jit
-def _consumer_w1(out_ptr, stride_ob, stride_oh, part_o_ptr,
-                 b, h0, H, split, num_splits, t_begin, t_end,
-                 kv_nope, kv_rope, kv_raw, kv_scale, p_t, stat, ready, empty,
-                 deq1_done, p_ready, pv0_done, pv1_done, fin,
-                 D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
-                 STAGES: gl.constexpr, SPLIT: gl.constexpr, DEQ_ROWS: gl.constexpr,
-                 deq_l: gl.constexpr, DEQ_BF16: gl.constexpr, TRANSPOSED: gl.constexpr):
-    """Warpgroup 1 of the asymmetric consumers (a worker partition): :func:`_consumer_a1` or
-    :func:`_consumer_ta1`."""
-    if TRANSPOSED:
-        _consumer_ta1(out_ptr, stride_ob, stride_oh, part_o_ptr, b, h0, H, split, num_splits,
-                      t_begin, t_end, kv_nope, kv_raw, kv_scale, p_t, stat, ready, empty,
-                      deq1_done, p_ready, pv0_done, pv1_done, fin, D_V, BLOCK_H, BLOCK_N,
-                      STAGES, SPLIT, DEQ_ROWS, deq_l, DEQ_BF16)
-    else:
-        _consumer_a1(out_ptr, stride_ob, stride_oh, part_o_ptr, b, h0, H, split, num_splits,
-                     t_begin, t_end, kv_nope, kv_rope, kv_raw, kv_scale, stat, ready, empty,
-                     deq1_done, p_ready, pv0_done, pv1_done, fin, D_V, BLOCK_H, BLOCK_N,
-                     STAGES, SPLIT, DEQ_ROWS, deq_l, DEQ_BF16)
-
-
-@gluon.jit
 def _sparse_mla_decode_ws_fwd(
         q_ptr, stride_qb, stride_qh,          # q [B, H, D_V + D_ROPE] bf16
         kv_ptr, stride_kv,                    # bf16 rows [N, D_V + D_ROPE], or fp8_ds_mla bytes
@@ -968,7 +931,7 @@ def _sparse_mla_decode_ws_fwd(
                          q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, ids, q_bar,
                          ready, empty, D_V, D_ROPE, BLOCK_H, BLOCK_N, ROWS, STAGES,
                          PRODUCER_WARPS, IS_FP8, RAW_LAYOUT, SCALE_LAYOUT, Q_EARLY)),
-            (_consumer_w1, (out_ptr, stride_ob, stride_oh, part_o_ptr,
+            (_consumer_a1, (out_ptr, stride_ob, stride_oh, part_o_ptr,
                             b, h0, H, split, num_splits, t_begin, t_end,
                             kv_nope, kv_rope, kv_raw, kv_scale, p_t, stat, ready, empty,
                             hand.index(0), hand.index(1), hand.index(2), hand.index(3),
