@@ -38,8 +38,8 @@ that path, as FlashMLA's producer warps do:
     owns half of the V dims for all heads, so each reads half of the tile's V).
 
 * **asymmetric consumers** for fp8_ds_mla rows (warpgroup 0 the default partition, warpgroup 1
-  a worker partition of its own; ``_consumer_a0`` at 64 heads, ``_consumer_ta0`` transposed,
-  ``_consumer_a1`` for both): each dequantizes half of the tile's tokens from the stage into
+  a worker partition of its own; ``_consumer_a0`` and ``_consumer_a1``, for 64-head and
+  transposed programs): each dequantizes half of the tile's tokens from the stage into
   one bf16 tile (:func:`_e4m3x4_to_bf16`); warpgroup 0 alone computes all of the scores (one wgmma of N
   = 64 tokens, or N = the heads transposed: the query block, or the K tile, read from shared
   memory once a tile instead of once a warpgroup, which was what bound the fp8 tile) and the
@@ -122,7 +122,7 @@ _DEQ_BF16 = True
 #: B8 30.3 against 32.1, B1 18.8 against 19.7
 _ASYM_FP8_64 = True
 #: the same for fp8_ds_mla rows in the transposed 16- / 32-head programs
-#: (:func:`_consumer_ta0`): B128 H16 80.1 us against 90.9, H32 104.3 against 108.8
+#: (:func:`_consumer_a0` transposed): B128 H16 80.1 us against 90.9, H32 104.3 against 108.8
 _ASYM_FP8_T = True
 #: the asymmetric consumers: rows a warpgroup dequantizes at a time (B128 H128: 16 rows 211
 #: us, 32 rows 220), and the registers of warpgroup 1 (a worker partition; warpgroup 0 gets
@@ -334,6 +334,22 @@ def _producer(q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
 
 
 @gluon.jit
+def _online_softmax(sc, valid, m_i, l_el, qk_scale_log2, TA: gl.constexpr):
+    """One tile of the base-2 online softmax over the tokens' axis ``TA`` of the raw scores
+    ``sc`` (float32; ``valid``: the tokens to keep, along ``TA``): ``(p, m_new, alpha, l_el)``
+    with ``p = 2^(sc * qk_scale_log2 - m_new)`` (0 for masked tokens), the new running max per
+    head, the factor ``alpha = 2^(m_i - m_new)`` earlier sums and outputs are rescaled by, and
+    the per-element running sums ``l_el`` rescaled and added to (an all-masked head keeps
+    ``-inf`` as its max and 0 as its sums)."""
+    sc = gl.where(gl.expand_dims(valid, 1 - TA), sc * qk_scale_log2, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(sc, axis=TA))
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_use)
+    p = gl.exp2(sc - gl.expand_dims(m_use, TA))
+    return p, m_new, alpha, l_el * gl.expand_dims(alpha, TA) + p
+
+
+@gluon.jit
 def _tile_ids(idx_row, t, offs_n, lim, BLOCK_N: gl.constexpr):
     """Tile ``t``'s slot ids ``idx_row[t * BLOCK_N + offs_n]`` (int32, in ``offs_n``'s layout);
     -1 at ``lim`` or beyond."""
@@ -412,12 +428,7 @@ def _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
         sc = warpgroup_mma(q_rope, kv_rope.index(s).permute((1, 0)), sc, is_async=True)
         sc = warpgroup_mma_wait(0, deps=[sc])
 
-        sc = gl.where(valid[None, :], sc * qk_scale_log2, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(sc, axis=1))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(sc - m_use[:, None])
-        l_el = l_el * alpha[:, None] + p
+        p, m_new, alpha, l_el = _online_softmax(sc, valid, m_i, l_el, qk_scale_log2, 1)
         acc = acc * gl.convert_layout(alpha, row_o)[:, None]
         # P to both warpgroups through shared memory, one barrier (each writes its tokens'
         # columns), and the PV MMA reads it from there: into the stage's rope tile, which has
@@ -520,34 +531,44 @@ def _dequant_half(kn, kv_raw, kv_scale, s, ROW0: gl.constexpr, HALF: gl.constexp
 def _consumer_a0(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
                  part_o_ptr, part_lse_ptr,
                  b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
-                 q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, stat, q_bar, ready, empty,
-                 deq1_done, p_ready, pv0_done, pv1_done, fin,
+                 q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, p_t, stat, q_bar, ready,
+                 empty, deq1_done, p_ready, pv0_done, pv1_done, fin,
                  D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, SPLIT: gl.constexpr, DEQ_ROWS: gl.constexpr,
-                 deq_l: gl.constexpr, DEQ_BF16: gl.constexpr):
-    """64-head fp8_ds_mla programs, asymmetric consumers, warpgroup 0 (the default
-    partition): dequantizes tokens ``[0, BLOCK_N / 2)`` of each tile, computes all of ``S = q
-    k^T`` (one 64 x 64 wgmma a k-step: the query block read from shared memory once a tile,
-    not once a warpgroup) and the online softmax, hands ``P`` (in the stage's rope tile) and
-    the rescale factors (``stat``) to warpgroup 1, and accumulates the V columns ``[0, D_V /
-    2)``. Each tile's handshakes: ``deq1_done`` (warpgroup 1's rows landed), ``p_ready``,
-    ``pv0_done`` / ``pv1_done`` (a warpgroup's PV MMA is done with the bf16 tile), ``fin`` (the
-    row sums, once)."""
-    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, BLOCK_N, 16])
-    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, D_V // 2, 16])
-    row_s: gl.constexpr = gl.SliceLayout(1, s_l)
-    col_s: gl.constexpr = gl.SliceLayout(0, s_l)
+                 deq_l: gl.constexpr, DEQ_BF16: gl.constexpr, TRANSPOSED: gl.constexpr):
+    """Asymmetric fp8_ds_mla consumers, warpgroup 0 (the default partition): dequantizes tokens
+    ``[0, BLOCK_N / 2)`` of each tile, computes all of the scores and the online softmax,
+    hands ``P`` and the rescale factors (``stat``) to warpgroup 1 (:func:`_consumer_a1`), and
+    accumulates the V dims ``[0, D_V / 2)``. 64-head programs: ``S = q k^T`` ``[BLOCK_H,
+    BLOCK_N]`` (one 64 x 64 wgmma a k-step: the query block read from shared memory once a
+    tile, not once a warpgroup), ``P`` through the stage's rope tile, ``O += P V``.
+    ``TRANSPOSED`` (16- / 32-head programs, as :func:`_consumer_t`): ``S^T = k q^T``
+    ``[BLOCK_N, BLOCK_H]`` (the K tile read once; the rope part first, under the
+    dequantization), ``P^T`` through ``p_t``, ``O^T += V^T P^T``. Each tile's handshakes:
+    ``deq1_done`` (warpgroup 1's rows landed), ``p_ready``, ``pv0_done`` / ``pv1_done`` (a
+    warpgroup's PV MMA is done with the bf16 tile and ``P``), ``fin`` (the row sums, once)."""
+    HA: gl.constexpr = 1 if TRANSPOSED else 0       # the heads' axis of S and O
+    TA: gl.constexpr = 1 - HA                       # the tokens' axis of S, the V dims' of O
+    s_l: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1],
+        instr_shape=[16, BLOCK_H if TRANSPOSED else BLOCK_N, 16])
+    o_l: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1],
+        instr_shape=[16, BLOCK_H if TRANSPOSED else D_V // 2, 16])
     HALF: gl.constexpr = BLOCK_N // 2
 
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=row_s)
-    l_el = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_l)   # row sums, per element
-    acc = gl.zeros([BLOCK_H, D_V // 2], gl.float32, layout=o_l)
-    s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_l)
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(TA, s_l))
+    if TRANSPOSED:
+        l_el = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_l)  # softmax sums, per element
+        acc = gl.zeros([D_V // 2, BLOCK_H], gl.float32, layout=o_l)
+        s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_l)
+    else:
+        l_el = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_l)
+        acc = gl.zeros([BLOCK_H, D_V // 2], gl.float32, layout=o_l)
+        s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_l)
 
     idx_row = idx_ptr + b.to(gl.int64) * stride_ib
-    offs_n = gl.arange(0, BLOCK_N, layout=col_s)
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(HA, s_l))
     n_idx = _tile_ids(idx_row, t_begin, offs_n, lim, BLOCK_N)
     kn = kv_nope.index(0)
     mbarrier.wait(q_bar, 0)
@@ -560,110 +581,45 @@ def _consumer_a0(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
 
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
         fence_async_shared()        # the producer's copies, for the tensor cores
+        if TRANSPOSED:
+            sc = warpgroup_mma(kv_rope.index(s), q_rope.permute((1, 0)), s_zero, use_acc=False,
+                               is_async=True)
         if i > 0:
-            mbarrier.wait(pv1_done, (i - 1) & 1)        # the bf16 tile is free
+            mbarrier.wait(pv1_done, (i - 1) & 1)        # the bf16 tile and P are free
         _dequant_half(kn, kv_raw, kv_scale, s, 0, HALF, DEQ_ROWS, D_V, deq_l, DEQ_BF16)
         mbarrier.wait(deq1_done, i & 1)
-        sc = warpgroup_mma(q_nope, kn.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        sc = warpgroup_mma(q_rope, kv_rope.index(s).permute((1, 0)), sc, is_async=True)
+        if TRANSPOSED:
+            sc = warpgroup_mma(kn, q_nope.permute((1, 0)), sc, is_async=True)
+        else:
+            sc = warpgroup_mma(q_nope, kn.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            sc = warpgroup_mma(q_rope, kv_rope.index(s).permute((1, 0)), sc, is_async=True)
         sc = warpgroup_mma_wait(0, deps=[sc])
 
-        sc = gl.where(valid[None, :], sc * qk_scale_log2, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(sc, axis=1))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(sc - m_use[:, None])
-        l_el = l_el * alpha[:, None] + p
-        # P into the stage's rope tile (this warpgroup's score MMAs, the only readers, are
-        # done), the rescale factors beside it, then warpgroup 1 may go
-        p_smem = kv_rope.index(s)
-        _hand_p(p_smem, p, stat, alpha, p_ready)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
-        acc = warpgroup_mma(p_smem, kn.slice(0, D_V // 2, dim=1), acc, is_async=True)
+        p, m_new, alpha, l_el = _online_softmax(sc, valid, m_i, l_el, qk_scale_log2, TA)
+        # P (P^T) to warpgroup 1: into the stage's rope tile, which this warpgroup's score
+        # MMAs, its only readers, are done with (into p_t transposed)
+        p_buf = p_t if TRANSPOSED else kv_rope.index(s)
+        _hand_p(p_buf, p, stat, alpha, p_ready)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(TA, o_l)), TA)
+        if TRANSPOSED:
+            acc = warpgroup_mma(kn.slice(0, D_V // 2, dim=1).permute((1, 0)), p_t, acc,
+                                is_async=True)
+        else:
+            acc = warpgroup_mma(p_buf, kn.slice(0, D_V // 2, dim=1), acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=[acc])
         _tile_done(pv0_done, empty.index(s))
         m_i = m_new
 
-    l_i = gl.sum(l_el, axis=1)
+    l_i = gl.sum(l_el, axis=TA)
     has = l_i > 0.0
     l_safe = gl.where(has, l_i, 1.0)
     _hand_row_sums(stat, l_safe, pv1_done, fin, t_begin, t_end)
-    _store_o(acc, l_safe, b, h0, H, split, num_splits, out_ptr, stride_ob, stride_oh,
-             part_o_ptr, 0, D_V, BLOCK_H, SPLIT, o_l)
-    _store_lse(m_i + gl.log2(l_safe), has, b, h0, H, split, num_splits, lse_ptr, stride_lb,
-               part_lse_ptr, BLOCK_H, SPLIT)
-
-
-@gluon.jit
-def _consumer_ta0(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
-                  part_o_ptr, part_lse_ptr,
-                  b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
-                  q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, p_t, stat, q_bar, ready,
-                  empty, deq1_done, p_ready, pv0_done, pv1_done, fin,
-                  D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
-                  STAGES: gl.constexpr, SPLIT: gl.constexpr, DEQ_ROWS: gl.constexpr,
-                  deq_l: gl.constexpr, DEQ_BF16: gl.constexpr):
-    """The asymmetric consumers (:func:`_consumer_a0`) for the transposed 16- / 32-head
-    programs (:func:`_consumer_t`), warpgroup 0: all of ``S^T = k q^T`` ``[BLOCK_N, BLOCK_H]``
-    (the K tile read once, not once a warpgroup; the rope part first, under the
-    dequantization), the softmax over the tokens, ``P^T`` (``p_t``) and the rescale factors
-    to warpgroup 1, and ``O^T`` for the V dims ``[0, D_V / 2)``."""
-    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, BLOCK_H, 16])
-    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, BLOCK_H, 16])
-    tok_s: gl.constexpr = gl.SliceLayout(1, s_l)
-    head_s: gl.constexpr = gl.SliceLayout(0, s_l)
-    HALF: gl.constexpr = BLOCK_N // 2
-
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=head_s)
-    l_el = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_l)   # column sums, per element
-    acc = gl.zeros([D_V // 2, BLOCK_H], gl.float32, layout=o_l)
-    s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_l)
-
-    idx_row = idx_ptr + b.to(gl.int64) * stride_ib
-    offs_n = gl.arange(0, BLOCK_N, layout=tok_s)
-    n_idx = _tile_ids(idx_row, t_begin, offs_n, lim, BLOCK_N)
-    kn = kv_nope.index(0)
-    mbarrier.wait(q_bar, 0)
-    for t in range(t_begin, t_end):
-        i = t - t_begin
-        s = i % STAGES
-        idx = n_idx
-        n_idx = _tile_ids(idx_row, t + 1, offs_n, lim, BLOCK_N)   # the next tile's, early
-        valid = (idx >= 0) & (idx < num_slots)
-
-        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-        fence_async_shared()        # the producer's copies, for the tensor cores
-        sc = warpgroup_mma(kv_rope.index(s), q_rope.permute((1, 0)), s_zero, use_acc=False,
-                           is_async=True)
-        if i > 0:
-            mbarrier.wait(pv1_done, (i - 1) & 1)        # the bf16 tile and P^T are free
-        _dequant_half(kn, kv_raw, kv_scale, s, 0, HALF, DEQ_ROWS, D_V, deq_l, DEQ_BF16)
-        mbarrier.wait(deq1_done, i & 1)
-        sc = warpgroup_mma(kn, q_nope.permute((1, 0)), sc, is_async=True)
-        sc = warpgroup_mma_wait(0, deps=[sc])
-
-        sc = gl.where(valid[:, None], sc * qk_scale_log2, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(sc, axis=0))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(sc - m_use[None, :])
-        l_el = l_el * alpha[None, :] + p
-        _hand_p(p_t, p, stat, alpha, p_ready)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(0, o_l))[None, :]
-        acc = warpgroup_mma(kn.slice(0, D_V // 2, dim=1).permute((1, 0)), p_t, acc,
-                            is_async=True)
-        acc = warpgroup_mma_wait(0, deps=[acc])
-        _tile_done(pv0_done, empty.index(s))
-        m_i = m_new
-
-    l_i = gl.sum(l_el, axis=0)
-    has = l_i > 0.0
-    l_safe = gl.where(has, l_i, 1.0)
-    _hand_row_sums(stat, l_safe, pv1_done, fin, t_begin, t_end)
-    _store_o_t(acc, l_safe, b, h0, H, split, num_splits, out_ptr, stride_ob, stride_oh,
-               part_o_ptr, 0, D_V, BLOCK_H, SPLIT, o_l)
+    if TRANSPOSED:
+        _store_o_t(acc, l_safe, b, h0, H, split, num_splits, out_ptr, stride_ob, stride_oh,
+                   part_o_ptr, 0, D_V, BLOCK_H, SPLIT, o_l)
+    else:
+        _store_o(acc, l_safe, b, h0, H, split, num_splits, out_ptr, stride_ob, stride_oh,
+                 part_o_ptr, 0, D_V, BLOCK_H, SPLIT, o_l)
     _store_lse(m_i + gl.log2(l_safe), has, b, h0, H, split, num_splits, lse_ptr, stride_lb,
                part_lse_ptr, BLOCK_H, SPLIT)
 
@@ -677,7 +633,7 @@ def _consumer_a1(out_ptr, stride_ob, stride_oh, part_o_ptr,
                  STAGES: gl.constexpr, SPLIT: gl.constexpr, DEQ_ROWS: gl.constexpr,
                  deq_l: gl.constexpr, DEQ_BF16: gl.constexpr, TRANSPOSED: gl.constexpr):
     """Warpgroup 1 of the asymmetric fp8_ds_mla consumers (a worker partition; see
-    :func:`_consumer_a0` and, transposed, :func:`_consumer_ta0`): dequantizes tokens
+    :func:`_consumer_a0`): dequantizes tokens
     ``[BLOCK_N / 2, BLOCK_N)`` of each tile, then, given ``P`` (the stage's rope tile; ``P^T``
     in ``p_t`` transposed) and the rescale factors, accumulates the V dims ``[D_V / 2, D_V)``
     of ``O`` (of ``O^T`` transposed)."""
@@ -773,12 +729,7 @@ def _consumer_t(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stri
         sc = warpgroup_mma(kn, q_nope.permute((1, 0)), sc, is_async=True)
         sc = warpgroup_mma_wait(0, deps=[sc])
 
-        sc = gl.where(valid[:, None], sc * qk_scale_log2, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(sc, axis=0))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(sc - m_use[None, :])
-        l_el = l_el * alpha[None, :] + p
+        p, m_new, alpha, l_el = _online_softmax(sc, valid, m_i, l_el, qk_scale_log2, 0)
         acc = acc * gl.convert_layout(alpha, head_o)[None, :]
         # P^T to its own buffer: each warpgroup writes its heads' columns, and after the
         # barrier each reads all of them (its PV MMA covers every head for half of the dims)
@@ -823,33 +774,6 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
                      num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
                      kv_scale, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT,
                      IS_FP8, DEQ_ROWS, deq_l, DEQ_BF16)
-
-
-@gluon.jit
-def _consumer_w0(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
-                 part_o_ptr, part_lse_ptr,
-                 b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
-                 q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, p_t, stat, q_bar, ready,
-                 empty, deq1_done, p_ready, pv0_done, pv1_done, fin,
-                 D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
-                 STAGES: gl.constexpr, SPLIT: gl.constexpr, DEQ_ROWS: gl.constexpr,
-                 deq_l: gl.constexpr, DEQ_BF16: gl.constexpr, TRANSPOSED: gl.constexpr):
-    """Warpgroup 0 of the asymmetric consumers (the default partition): :func:`_consumer_a0`
-    or, for 16- / 32-head programs, :func:`_consumer_ta0`."""
-    if TRANSPOSED:
-        _consumer_ta0(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
-                      part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end,
-                      lim, num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
-                      kv_scale, p_t, stat, q_bar, ready, empty, deq1_done, p_ready, pv0_done,
-                      pv1_done, fin, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, DEQ_ROWS, deq_l,
-                      DEQ_BF16)
-    else:
-        _consumer_a0(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
-                     part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end,
-                     lim, num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
-                     kv_scale, stat, q_bar, ready, empty, deq1_done, p_ready, pv0_done,
-                     pv1_done, fin, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, DEQ_ROWS, deq_l,
-                     DEQ_BF16)
 
 
 @gluon.jit
@@ -918,7 +842,7 @@ def _sparse_mla_decode_ws_fwd(
         for j in gl.static_range(5):
             mbarrier.init(hand.index(j), count=1)
         gl.warp_specialize([
-            (_consumer_w0, (idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr,
+            (_consumer_a0, (idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr,
                             stride_lb, part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits,
                             t_begin, t_end, lim, num_slots, qk_scale_log2, q_nope, q_rope,
                             kv_nope, kv_rope, kv_raw, kv_scale, p_t, stat, q_bar, ready, empty,
