@@ -110,6 +110,95 @@ def test_limits_are_named_before_any_launch():
         assert "16-byte aligned" in ws_supported(q, padded, 256)
 
 
+# ------------------------------- anywhere: the dequantization's PTX -------------------------------
+
+def _run_dequant_ptx(words: torch.Tensor, scale_pair: torch.Tensor):
+    """Executes the kernel's fp8 dequantization PTX (``_E4M3X4_TO_BF16_PTX``, parsed line by
+    line: prmt / shl / and / mul.rn.bf16x2 as the PTX ISA defines them) on int64 tensors
+    holding uint32 words; returns the two output registers ($0, $1) as int64 uint32 words."""
+    from backends.kernels.sparse_mla_decode_ws import _E4M3X4_TO_BF16_PTX
+    reg = {"$2": words, "$3": scale_pair}
+    mask32 = 0xFFFFFFFF
+
+    def val(tok):
+        tok = tok.strip()
+        return reg[tok] if tok in reg else int(tok, 0)
+
+    def bf16x2_mul(a, b):
+        halves = []
+        for sh in (0, 16):
+            x = ((a >> sh) & 0xFFFF).to(torch.int32) << 16
+            y = ((b >> sh) & 0xFFFF).to(torch.int32) << 16
+            prod = x.view(torch.float32) * y.view(torch.float32)       # exact: 8 x 8 bits
+            bits = prod.to(torch.bfloat16).view(torch.int16).to(torch.int64) & 0xFFFF
+            halves.append(bits << sh)
+        return halves[0] | halves[1]
+
+    for line in _E4M3X4_TO_BF16_PTX.value.splitlines():
+        line = line.strip().rstrip(";")
+        if not line or line in "{}" or line.startswith(".reg"):
+            continue
+        op, args = line.split(None, 1)
+        dst, *src = [a.strip() for a in args.split(",")]
+        if op == "prmt.b32":
+            a, sel = val(src[0]), val(src[2])
+            assert val(src[1]) == 0
+            out = torch.zeros_like(a)
+            for i in range(4):
+                nib = (sel >> (4 * i)) & 0xF
+                byte = (a >> (8 * (nib & 7))) & 0xFF if (nib & 7) < 4 else torch.zeros_like(a)
+                if nib & 8:                                  # replicate the byte's sign bit
+                    byte = torch.where(byte >= 0x80, 0xFF, 0)
+                out = out | (byte << (8 * i))
+        elif op == "shl.b32":
+            out = (val(src[0]) << val(src[1])) & mask32
+        elif op == "and.b32":
+            out = val(src[0]) & val(src[1])
+        elif op == "mul.rn.bf16x2":
+            out = bf16x2_mul(val(src[0]), val(src[1]))
+        else:
+            raise AssertionError(f"unexpected PTX op {op}")
+        reg[dst] = out
+    return reg["$0"], reg["$1"]
+
+
+def test_dequantization_ptx_matches_float8_conversion():
+    """Every finite e4m3 byte in every position of the 32-bit word, times power-of-two and raw
+    tile scales: the kernel's PTX (bit moves, one bf16 multiply by the scale x 2^120 rounded to
+    bf16) gives exactly ``bf16(float(e4m3) x bf16(scale))`` (bit-exact against torch's float8
+    conversion, subnormals and -0 included; on power-of-two scales also exactly the float32
+    path's ``bf16(float(e4m3) x scale)``), and a NaN byte comes out as +-480 x scale."""
+    from backends.kernels.sparse_mla_decode_ws import _E4M3_TO_BF16_BIAS
+    g = torch.Generator().manual_seed(5)
+    byte = torch.arange(256, dtype=torch.int64)
+    scales = [2.0 ** -13, 2.0 ** -7, 1.0, 4.0,                      # pow2 (FlashMLA's quantizer)
+              *(torch.rand(6, generator=g, dtype=torch.float64) * 0.05 + 1e-4).tolist()]
+    for scale in scales:
+        s_bf = torch.tensor(scale * _E4M3_TO_BF16_BIAS.value, dtype=torch.float32).to(torch.bfloat16)
+        pair = s_bf.view(torch.int16).to(torch.int64) & 0xFFFF
+        pair = (pair | (pair << 16)).expand(256)
+        for pos in range(4):
+            other = torch.randint(0, 256, (3, 256), generator=g, dtype=torch.int64)
+            lanes = [other[j] for j in range(3)]
+            lanes.insert(pos, byte)
+            words = lanes[0] | (lanes[1] << 8) | (lanes[2] << 16) | (lanes[3] << 24)
+            lo, hi = _run_dequant_ptx(words, pair)
+            got = ((hi if pos >= 2 else lo) >> (16 * (pos % 2))) & 0xFFFF
+            got = got.to(torch.int16).view(torch.bfloat16).float()
+            e4 = byte.to(torch.uint8).view(torch.float8_e4m3fn).float()
+            finite = torch.isfinite(e4)
+            ref = (e4 * torch.tensor(scale, dtype=torch.float32).to(torch.bfloat16).float()
+                   ).to(torch.bfloat16).float()
+            assert torch.equal(got[finite], ref[finite]), (scale, pos)
+            assert torch.equal(torch.signbit(got[finite]), torch.signbit(ref[finite]))
+            nan_as = (480 * torch.tensor(scale, dtype=torch.float32).to(torch.bfloat16).float()
+                      ).to(torch.bfloat16).float()
+            assert torch.equal(got[~finite].abs(), nan_as.expand(2))
+            if scale in (2.0 ** -13, 2.0 ** -7, 1.0, 4.0):
+                f32 = (e4 * scale).to(torch.bfloat16).float()
+                assert torch.equal(got[finite], f32[finite])
+
+
 # ------------------------------- anywhere: the sm_90a compile -------------------------------
 
 _WS_COMPILE = r"""

@@ -193,6 +193,25 @@ def _copy_fp8_scales(dst, scale_ptr, stride_scale, scale_off, idx, D_V: gl.const
     _cp_async(dst, scale_ptr + start[:, None] + g[None, :], mask=ok[:, None])
 
 
+#: the PTX of :func:`_e4m3x4_to_bf16`, one instance: ``$2`` four e4m3 bytes, ``$3`` the scale
+#: pair (``$4``-``$6``: the same pair, unused), ``$0`` / ``$1`` bytes 0-1 / 2-3 as bf16 pairs.
+#: ``prmt`` selector nibbles 0x8-0xB replicate a byte's sign; an e4m3 NaN byte (0x7F, 0xFF)
+#: comes out as +-480 x scale (the quantizers never write one)
+_E4M3X4_TO_BF16_PTX = gl.constexpr("""{
+        .reg .b32 t0, t1;
+        prmt.b32 t0, $2, 0, 0x9180;
+        prmt.b32 t1, $2, 0, 0xB3A2;
+        shl.b32 t0, t0, 4;
+        shl.b32 t1, t1, 4;
+        and.b32 t0, t0, 0x87F087F0;
+        and.b32 t1, t1, 0x87F087F0;
+        mul.rn.bf16x2 $0, t0, $3;
+        mul.rn.bf16x2 $1, t1, $3;
+        }""")
+#: 2^120: the bias between a bf16's exponent and an e4m3's, folded into the scale
+_E4M3_TO_BF16_BIAS = gl.constexpr(1.329227995784916e+36)
+
+
 @gluon.jit
 def _dequant_rows(raw, scales, row0: gl.constexpr, ROWS: gl.constexpr, D_V: gl.constexpr,
                   deq_l: gl.constexpr, DEQ_BF16: gl.constexpr):
@@ -205,7 +224,7 @@ def _dequant_rows(raw, scales, row0: gl.constexpr, ROWS: gl.constexpr, D_V: gl.c
     sc = scales.slice(row0, ROWS).load(gl.SliceLayout(2, deq_l))
     if DEQ_BF16:
         # the scale x 2^120 (the bias between e4m3's exponent and bf16's) as a bf16 pair
-        sb = (sc * 1.329227995784916e+36).to(gl.bfloat16).to(gl.uint16, bitcast=True)
+        sb = (sc * _E4M3_TO_BF16_BIAS).to(gl.bfloat16).to(gl.uint16, bitcast=True)
         pair = sb.to(gl.uint32) | (sb.to(gl.uint32) << 16)
         vals = _e4m3x4_to_bf16(r, gl.broadcast(pair[:, :, None], r)[0])
     else:
@@ -216,22 +235,12 @@ def _dequant_rows(raw, scales, row0: gl.constexpr, ROWS: gl.constexpr, D_V: gl.c
 @gluon.jit
 def _e4m3x4_to_bf16(raw, scale_pair):
     """fp8 e4m3 bytes ``raw`` (uint8) x ``scale_pair`` (uint32: the bf16 bits of scale x 2^120
-    in both halves) as bf16, four bytes an instance: each byte's sign byte-replicated beside it
-    (``prmt``), the seven magnitude bits moved to a bf16's exponent and mantissa (shift, mask:
-    the value x 2^-120, subnormals included), then one ``mul.rn.bf16x2`` a pair."""
-    return gl.inline_asm_elementwise(
-        """{
-        .reg .b32 t0, t1;
-        prmt.b32 t0, $2, 0, 0x9180;
-        prmt.b32 t1, $2, 0, 0xB3A2;
-        shl.b32 t0, t0, 4;
-        shl.b32 t1, t1, 4;
-        and.b32 t0, t0, 0x87F087F0;
-        and.b32 t1, t1, 0x87F087F0;
-        mul.rn.bf16x2 $0, t0, $3;
-        mul.rn.bf16x2 $1, t1, $3;
-        }""",
-        "=r,=r,r,r,r,r,r", [raw, scale_pair], dtype=gl.bfloat16, is_pure=True, pack=4)
+    in both halves) as bf16, four bytes an instance (:data:`_E4M3X4_TO_BF16_PTX`): each byte's
+    sign byte-replicated beside it (``prmt``), the seven magnitude bits moved to a bf16's
+    exponent and mantissa (shift, mask: the value x 2^-120, subnormals included), then one
+    ``mul.rn.bf16x2`` a pair."""
+    return gl.inline_asm_elementwise(_E4M3X4_TO_BF16_PTX, "=r,=r,r,r,r,r,r", [raw, scale_pair],
+                                     dtype=gl.bfloat16, is_pure=True, pack=4)
 
 
 @gluon.jit
