@@ -95,43 +95,23 @@ _PRODUCER_REGS = {"bf16": 48, "fp8_ds_mla": 48}
 #: 109.4 against 122.7 since the transposed PV MMA reads half of V a warpgroup (6q; 130.0
 #: against 128.1 before)
 _T_MAX_HEADS = {"bf16": 32, "fp8_ds_mla": 32}
-#: fp8_ds_mla rows: rows the consumers dequantize at a time (registers: 4 x 16 bytes a thread).
-#: Measured on the H200 (BENCHMARKS 6p, B128 H128 top_k 2048): 8 rows 269.1 us, 16 247.9, 32
-#: 242.7, 64 285.7 (spills); the next tile's first 16 or 32 rows dequantized into registers
-#: while the PV MMA runs: 259.6-307.9 (spills at 224 or 232 registers); the next tile's rows
-#: dequantized straight into the bf16 tile as this tile's PV MMA finishes each token chunk
-#: (each warpgroup into the columns its own MMA reads): 252.8-265.2 against 244.9, and 254.4
-#: for the column-split layout alone, without overlap. With the swizzled stages (_constexprs):
-#: 16 rows 305.9, 32 241.2, 64 270.9 (spills)
-_DEQ_ROWS = 32
-#: the same for the transposed consumers (16- / 32-head programs: a 32-register accumulator;
-#: 64 rows 110.5 us against 111.9 for 32 at B128 H16; with the swizzled stages 104.0 against
-#: 106.1, BENCHMARKS 6p)
-_DEQ_ROWS_T = 64
 #: fp8_ds_mla rows: dequantized by bit moves and a bf16 multiply (:func:`_e4m3x4_to_bf16`)
-#: instead of through float32
-#: Measured on the H200 (BENCHMARKS 6r, raw scales): the output within 1e-4 of FlashMLA's
+#: instead of through float32. Measured on the H200 (BENCHMARKS 6r, raw scales): the output within 1e-4 of FlashMLA's
 #: (whose Hopper kernel computes the same) against 5.5e-3 through float32; 4.8e-3 from the
 #: float32 reference against 3.1e-3; B128 H128 211 us against 229 with the asymmetric
 #: consumers (239 / 240 with the symmetric ones)
 _DEQ_BF16 = True
-#: fp8_ds_mla rows in 64-head programs: asymmetric consumers (:func:`_consumer_a0`: one
-#: warpgroup computes the scores and the softmax, the other waits for P; each dequantizes half
-#: of the tile and accumulates half of the V columns) instead of both warpgroups splitting
-#: every MMA. Measured on the H200 (BENCHMARKS 6r, top_k 2048): B128 211 us against 239,
-#: B8 30.3 against 32.1, B1 18.8 against 19.7
-_ASYM_FP8_64 = True
-#: the same for fp8_ds_mla rows in the transposed 16- / 32-head programs
-#: (:func:`_consumer_a0` transposed): B128 H16 80.1 us against 90.9, H32 104.3 against 108.8
-_ASYM_FP8_T = True
-#: the asymmetric consumers: rows a warpgroup dequantizes at a time (B128 H128: 16 rows 211
-#: us, 32 rows 220), and the registers of warpgroup 1 (a worker partition; warpgroup 0 gets
-#: the rest of the 168 x 12 warps' budget: 248)
-_DEQ_ROWS_A = 16
+#: fp8_ds_mla rows, the asymmetric consumers (:func:`_consumer_a0`; replacing both
+#: warpgroups splitting every MMA, as the bf16 consumers do: B128 H128 211 us against 239, H16
+#: 80.1 against 90.9, BENCHMARKS 6r): rows a warpgroup dequantizes at a time (B128 H128: 16
+#: rows 211 us, 32 rows 220; the symmetric consumers' best was 32 rows, 6p), and the registers
+#: of warpgroup 1 (a worker partition; warpgroup 0 gets the rest of the 168 x 12 warps'
+#: budget: 248)
+_DEQ_ROWS = 16
+_A1_REGS = 208
 #: the producer issues the first tiles' copies without waiting for the query block's (which
 #: arrive on their own mbarrier), so its load overlaps the first gather
 _Q_EARLY = True
-_A1_REGS = 208
 #: registers per thread of the whole program: 12 warps x 32 x 168 <= 64 K; the consumers get
 #: (168 * 12 - 48 * 4) / 8 = 228 rounded down to setmaxnreg's multiple of 8: 224 (the PTX's
 #: setmaxnreg). ptxas 12.8 (Triton 3.6) for sm_90a: no spills for bf16 rows, 20 bytes for
@@ -241,27 +221,6 @@ def _e4m3x4_to_bf16(raw, scale_pair):
     ``mul.rn.bf16x2`` a pair."""
     return gl.inline_asm_elementwise(_E4M3X4_TO_BF16_PTX, "=r,=r,r,r,r,r,r", [raw, scale_pair],
                                      dtype=gl.bfloat16, is_pure=True, pack=4)
-
-
-@gluon.jit
-def _stage_tile(kv_nope, kv_raw, kv_scale, s, IS_FP8: gl.constexpr, BLOCK_N: gl.constexpr,
-                DEQ_ROWS: gl.constexpr, D_V: gl.constexpr, deq_l: gl.constexpr,
-                DEQ_BF16: gl.constexpr):
-    """The consumers' K / V tile of stage ``s``, which has landed and been fenced: bf16 rows as
-    copied (``kv_nope[s]``); fp8 rows dequantized by both warpgroups from the stage into the
-    one bf16 tile ``kv_nope[0]`` (free: the previous tile's MMAs are done), ``DEQ_ROWS`` rows
-    at a time, then fenced for the tensor cores and a partition barrier."""
-    if IS_FP8:
-        kn = kv_nope.index(0)
-        for c in gl.static_range(BLOCK_N // DEQ_ROWS):
-            kn.slice(c * DEQ_ROWS, DEQ_ROWS).store(
-                _dequant_rows(kv_raw.index(s), kv_scale.index(s), c * DEQ_ROWS, DEQ_ROWS, D_V,
-                              deq_l, DEQ_BF16))
-        fence_async_shared()
-        _partition_barrier()
-    else:
-        kn = kv_nope.index(s)
-    return kn
 
 
 @gluon.jit
@@ -401,10 +360,9 @@ def _hand_row_sums(stat, l_safe, pv1_done, fin, t_begin, t_end):
 def _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
                  part_o_ptr, part_lse_ptr,
                  b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
-                 q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, q_bar, ready, empty,
+                 q_nope, q_rope, kv_nope, kv_rope, q_bar, ready, empty,
                  D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
-                 STAGES: gl.constexpr, SPLIT: gl.constexpr, IS_FP8: gl.constexpr,
-                 DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr, DEQ_BF16: gl.constexpr):
+                 STAGES: gl.constexpr, SPLIT: gl.constexpr):
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                   instr_shape=[16, BLOCK_N // 2, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
@@ -431,8 +389,7 @@ def _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
 
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
         fence_async_shared()        # the producer's copies, for the tensor cores
-        kn = _stage_tile(kv_nope, kv_raw, kv_scale, s, IS_FP8, BLOCK_N, DEQ_ROWS, D_V, deq_l,
-                         DEQ_BF16)
+        kn = kv_nope.index(s)
         sc = warpgroup_mma(q_nope, kn.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         sc = warpgroup_mma(q_rope, kv_rope.index(s).permute((1, 0)), sc, is_async=True)
         sc = warpgroup_mma_wait(0, deps=[sc])
@@ -687,10 +644,9 @@ def _consumer_a1(out_ptr, stride_ob, stride_oh, part_o_ptr,
 def _consumer_t(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
                 part_o_ptr, part_lse_ptr,
                 b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
-                q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, p_t, q_bar, ready, empty,
+                q_nope, q_rope, kv_nope, kv_rope, p_t, q_bar, ready, empty,
                 D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
-                STAGES: gl.constexpr, SPLIT: gl.constexpr, IS_FP8: gl.constexpr,
-                DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr, DEQ_BF16: gl.constexpr):
+                STAGES: gl.constexpr, SPLIT: gl.constexpr):
     """The consumers for few heads (``BLOCK_H`` 16 or 32: a TP8 or TP4 shard of
     DeepSeek-V3.2's 128), everything transposed so that the tile's 64 tokens are the wgmma M:
     ``S^T = k q^T`` ``[BLOCK_N, BLOCK_H]`` with warps laid out ``[4, 2]`` (each warpgroup owns
@@ -725,16 +681,13 @@ def _consumer_t(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stri
         n_idx = _tile_ids(idx_row, t + 1, offs_n, lim, BLOCK_N)   # the next tile's, early
         valid = (idx >= 0) & (idx < num_slots)
 
-        # the rope part of the scores first: it needs no dequantization, so for fp8 rows it
-        # runs while the tile is dequantized (B128 H16: 101.5 us against 103.4 with it after
-        # the NoPE part; in the 64-head programs the same order took 274.9 against 240.8,
-        # BENCHMARKS 6q)
+        # the rope part of the scores first (the order measured when fp8 rows ran here too:
+        # B128 H16 101.5 us against 103.4 with it after the NoPE part, BENCHMARKS 6q)
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
         fence_async_shared()        # the producer's copies, for the tensor cores
         sc = warpgroup_mma(kv_rope.index(s), q_rope.permute((1, 0)), s_zero, use_acc=False,
                            is_async=True)
-        kn = _stage_tile(kv_nope, kv_raw, kv_scale, s, IS_FP8, BLOCK_N, DEQ_ROWS, D_V, deq_l,
-                         DEQ_BF16)
+        kn = kv_nope.index(s)
         sc = warpgroup_mma(kn, q_nope.permute((1, 0)), sc, is_async=True)
         sc = warpgroup_mma_wait(0, deps=[sc])
 
@@ -764,25 +717,21 @@ def _consumer_t(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stri
 def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
               part_o_ptr, part_lse_ptr,
               b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
-              q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, p_t, q_bar, ready, empty,
+              q_nope, q_rope, kv_nope, kv_rope, p_t, q_bar, ready, empty,
               D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, SPLIT: gl.constexpr, IS_FP8: gl.constexpr,
-              DEQ_ROWS: gl.constexpr, deq_l: gl.constexpr, DEQ_BF16: gl.constexpr,
-              TRANSPOSED: gl.constexpr):
-    """The consumer partition: 64-head programs (:func:`_consumer_64`) or, for fewer heads,
-    the transposed ones (:func:`_consumer_t`)."""
+              STAGES: gl.constexpr, SPLIT: gl.constexpr, TRANSPOSED: gl.constexpr):
+    """The consumer partition for bf16 rows: 64-head programs (:func:`_consumer_64`) or, for
+    fewer heads, the transposed ones (:func:`_consumer_t`)."""
     if TRANSPOSED:
         _consumer_t(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
                     part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
-                    num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
-                    kv_scale, p_t, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT,
-                    IS_FP8, DEQ_ROWS, deq_l, DEQ_BF16)
+                    num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, p_t, q_bar,
+                    ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT)
     else:
         _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
                      part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
-                     num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, kv_raw,
-                     kv_scale, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT,
-                     IS_FP8, DEQ_ROWS, deq_l, DEQ_BF16)
+                     num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, q_bar, ready,
+                     empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT)
 
 
 @gluon.jit
@@ -803,7 +752,7 @@ def _sparse_mla_decode_ws_fwd(
         IS_FP8: gl.constexpr, RAW_LAYOUT: gl.constexpr, SCALE_LAYOUT: gl.constexpr,
         DEQ_ROWS: gl.constexpr, DEQ_LAYOUT: gl.constexpr, RAW_SMEM: gl.constexpr,
         SCALE_SMEM: gl.constexpr, TRANSPOSED: gl.constexpr,
-        P_COLS: gl.constexpr, DEQ_BF16: gl.constexpr, ASYM: gl.constexpr,
+        P_COLS: gl.constexpr, DEQ_BF16: gl.constexpr,
         A1_REGS: gl.constexpr, Q_EARLY: gl.constexpr):
     pid = gl.program_id(0)
     hb = pid % num_head_blocks
@@ -838,13 +787,13 @@ def _sparse_mla_decode_ws_fwd(
     mbarrier.init(q_bar, count=PRODUCER_WARPS * 32 if Q_EARLY else 1)
     for j in gl.static_range(STAGES):
         mbarrier.init(ready.index(j), count=PRODUCER_WARPS * 32)
-        mbarrier.init(empty.index(j), count=2 if ASYM else 1)
+        mbarrier.init(empty.index(j), count=2 if IS_FP8 else 1)
 
     # P^T of the transposed consumers (a minimal unused buffer for the 64-head ones)
     p_t = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, P_COLS],
                                     gl.NVMMASharedLayout.get_default_for([BLOCK_N, P_COLS],
                                                                          gl.bfloat16))
-    if ASYM:
+    if IS_FP8:      # the asymmetric consumers: warpgroup 1 a worker partition of its own
         stat = gl.allocate_shared_memory(gl.float32, [BLOCK_H],
                                          gl.SwizzledSharedLayout(1, 1, 1, [0]))
         hand = gl.allocate_shared_memory(gl.int64, [5, 1], mbarrier.MBarrierLayout())
@@ -876,8 +825,8 @@ def _sparse_mla_decode_ws_fwd(
             (_consumer, (idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
                          part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end,
                          lim, num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope,
-                         kv_raw, kv_scale, p_t, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N,
-                         STAGES, SPLIT, IS_FP8, DEQ_ROWS, DEQ_LAYOUT, DEQ_BF16, TRANSPOSED)),
+                         p_t, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT,
+                         TRANSPOSED)),
             (_producer, (q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
                          scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
                          idx_ptr, stride_ib, b, h0, H, t_begin, t_end, lim, num_slots,
@@ -985,7 +934,7 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
     top_k, num_slots = indices.shape[1], kv_cache.shape[0]
     plan = plan_splits(q, top_k, num_slots, d_v, block_h, WS_BLOCK_N, num_splits, num_sms)
     out, lse, num_splits, _, part_o, part_lse = plan
-    info = LaunchInfo(block_h, WS_BLOCK_N, 4 if _asym(kind, block_h) else 8, stages,
+    info = LaunchInfo(block_h, WS_BLOCK_N, 4 if kind == "fp8_ds_mla" else 8, stages,
                       max(num_splits, 1), "producer", True,
                       kernel="ws")
     if num_splits == 0:
@@ -994,7 +943,7 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
     kernel = _sparse_mla_decode_ws_fwd[(bsz * num_splits * num_head_blocks,)](
         *kernel_args(q, kv_cache, kind, indices, sm_scale, d_v, plan, num_head_blocks),
         **_constexprs(kind, d_v, d_qk - d_v, stages, num_splits > 1, block_h),
-        num_warps=4 if _asym(kind, block_h) else 8, maxnreg=_MAXNREG,
+        num_warps=4 if kind == "fp8_ds_mla" else 8, maxnreg=_MAXNREG,
     )
     if num_splits > 1:
         combine_splits(part_o, part_lse, out, lse)
@@ -1004,16 +953,11 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
                              smem_bytes=getattr(getattr(kernel, "metadata", None), "shared", None))
 
 
-def _asym(kind: str, block_h: int) -> bool:
-    """Whether ``kind`` rows in ``block_h``-head programs use the asymmetric consumers."""
-    return kind == "fp8_ds_mla" and (_ASYM_FP8_64 if block_h == WS_BLOCK_H else _ASYM_FP8_T)
-
-
 def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
                 block_h: int = WS_BLOCK_H) -> dict:
     """The kernel's compile-time arguments for KV rows of ``kind``: the fp8 layouts cover a
     row's ``d_v / 128`` scale groups of 128 bytes with 16-byte vectors (producer: 4 warps, a
-    token's groups a warp; consumers' dequantization: 8 warps, 8 tokens x 64 bytes a warp). The
+    token's groups a warp; consumers' dequantization: a warpgroup, 8 tokens x 64 bytes a warp). The
     stages hold the bytes group-major (``[G][tokens][128]``) with each token's 16-byte vectors
     XORed by the token (mod 8), so those reads, and the dequantized stores (8 rows of one
     128-byte column block of the bf16 tile a warp), are free of bank conflicts. Measured on the
@@ -1022,7 +966,6 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
     column blocks), B128 H16 104.0 against 111.2, B8 33.3 against 32.4."""
     g = d_v // 128
     tpw_g = min(4, g)
-    asym = _asym(kind, block_h)
     return dict(D_V=d_v, D_ROPE=d_rope, BLOCK_H=block_h, BLOCK_N=WS_BLOCK_N, STAGES=stages,
                 TRANSPOSED=block_h < WS_BLOCK_H,
                 P_COLS=block_h if block_h < WS_BLOCK_H else 8,
@@ -1032,11 +975,8 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
                                             [_PRODUCER_WARPS, 1, 1], [2, 1, 0]),
                 SCALE_LAYOUT=gl.BlockedLayout([1, 1], [32 // tpw_g, tpw_g],
                                               [_PRODUCER_WARPS, 1], [1, 0]),
-                DEQ_ROWS=(_DEQ_ROWS_A if asym else _DEQ_ROWS if block_h == WS_BLOCK_H
-                          else _DEQ_ROWS_T),
-                DEQ_BF16=_DEQ_BF16, ASYM=asym, A1_REGS=_A1_REGS, Q_EARLY=_Q_EARLY,
-                DEQ_LAYOUT=gl.BlockedLayout([1, 1, 16], [8, 1, 4],
-                                            [2, 1, 2] if asym else [4, 1, 2], [2, 0, 1]),
+                DEQ_ROWS=_DEQ_ROWS, DEQ_BF16=_DEQ_BF16, A1_REGS=_A1_REGS, Q_EARLY=_Q_EARLY,
+                DEQ_LAYOUT=gl.BlockedLayout([1, 1, 16], [8, 1, 4], [2, 1, 2], [2, 0, 1]),
                 RAW_SMEM=gl.SwizzledSharedLayout(16, 1, 8, [2, 0, 1]),
                 SCALE_SMEM=gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
 
@@ -1072,5 +1012,5 @@ def compile_for_sm90(kind: str = "bf16", *, d_v: int = 512, d_rope: int = 64, st
     src = GluonASTSource(fn=fn, signature=signature, attrs=attrs,
                          constexprs={(names.index(n),): v for n, v in const.items()})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=4 if _asym(kind, block_h) else 8,
+                          options=dict(num_warps=4 if kind == "fp8_ds_mla" else 8,
                                        maxnreg=_MAXNREG))
