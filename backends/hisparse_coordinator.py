@@ -77,6 +77,7 @@ from backends.host_memory import HOST_ALLOCS, HostRows, copy_pool_rows
 from backends.kernels.swap_in import (COUNT_FIELDS, MAX_TOP_K, NUM_COUNT_FIELDS,
                                       PTX_SCATTER_MODES, ResolveLaunch,
                                       next_pow2, resolve_scratch_width, resolve_swap_in_kernel)
+from backends.kernels.swap_in_cuda import CudaResolve, cuda_resolve_shape
 
 LOAD_GRANULARITIES = ("token", "page")
 #: the host pool's allocation by default: SGLang's (``backends/host_memory.py``)
@@ -377,6 +378,14 @@ class HiSparseCoordinator:
         """Sets the resolve kernel's launch configuration (set-up, between calls)."""
         if not isinstance(launch, ResolveLaunch):
             raise ValueError(f"resolve_launch must be a ResolveLaunch, got {type(launch).__name__}")
+        if launch.kernel == "cuda":
+            if self.device.type != "cuda" or not self.upstream:
+                raise ValueError("resolve_launch.kernel 'cuda' needs a CUDA device and "
+                                 f"lru_order 'upstream' (got {self.device.type}, "
+                                 f"{'upstream' if self.upstream else 'position'})")
+            self.cuda_resolve_shape = cuda_resolve_shape(self.top_k, self.hot_units,
+                                                         launch.num_warps)
+            self.cuda_resolve = CudaResolve.load()          # built here, outside timed calls
         self.resolve_launch = launch
         self.block_c, self.resolve_warps = launch.resolved(self.k_pad, self.hot_units,
                                                            self.upstream)
@@ -638,6 +647,17 @@ class HiSparseCoordinator:
         self._plan_layer, self._plan_batch = layer_id, B
         if B == 0:
             return out
+        pdl = self.device.type == "cuda" and getattr(self.engine, "pdl", False)
+        if self.resolve_launch.kernel == "cuda":
+            self.cuda_resolve.launch(
+                self.cuda_resolve_shape, req_idx=req_pool_indices, seq_lens=seq_lens,
+                topk=topk_indices, slot_unit=self.slot_unit[layer_id], lru=self.lru[layer_id],
+                host_table=self.host_page_table, out=out, plan=self.plan, counts=counts,
+                D=self.device_buffer_size, slots_per_req=self.slots_per_request,
+                row_bytes=self.row_bytes, max_misses=self.max_misses, n_units=self.stamp_units,
+                unit=self.unit, page=self.page_size, page_mode=self.page_mode,
+                launch_dependents=pdl)
+            return out
         resolve_swap_in_kernel[(B,)](
             req_pool_indices, seq_lens, topk_indices, topk_indices.stride(0),
             self.slot_unit[layer_id], self.lru[layer_id],
@@ -652,7 +672,7 @@ class HiSparseCoordinator:
             K_PAD=self.k_pad, LOG_K_PAD=self.k_pad.bit_length() - 1, BLOCK_C=self.block_c,
             SEARCH_STEPS=self.search_steps, UPSTREAM=self.upstream,
             PTX_SCATTER=self.resolve_ptx_scatter,
-            LAUNCH_DEPENDENTS=self.device.type == "cuda" and getattr(self.engine, "pdl", False),
+            LAUNCH_DEPENDENTS=pdl,
             num_warps=self.resolve_warps)
         return out
 

@@ -262,7 +262,7 @@ def sglang_item() -> Item:
     import torch
     from backends.kernels.flashmla_peer import PeerUnavailable
     from backends.kernels.sglang_peer import DEFAULT_BUILD_DIR, staged_sources
-    from backends.kernels.sglang_peer.build import _nvcc, default_arch
+    from backends.kernels.nvcc_build import default_arch, find_nvcc
     st = staged_sources()
     libs = []
     for lib in sorted(DEFAULT_BUILD_DIR.glob("libsglang_hisparse_*.so")):
@@ -272,7 +272,7 @@ def sglang_item() -> Item:
         libs.append({"file": lib.name, "top_k": c.get("top_k"), "hot": c.get("hot_buffer_size"),
                      "arch": meta.get("arch")})
     try:
-        nvcc: Optional[str] = _nvcc(None)
+        nvcc: Optional[str] = find_nvcc(None, "the peer")
     except PeerUnavailable:
         nvcc = None
     cuda = torch.cuda.is_available()

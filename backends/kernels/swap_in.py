@@ -510,6 +510,9 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
+#: ``ResolveLaunch.kernel``: the Triton resolve here, or the CUDA one (``swap_in_cuda.py``)
+RESOLVE_KERNELS = ("triton", "cuda")
+
 #: ``ResolveLaunch.ptx_scatter`` -> the resolve's ``PTX_SCATTER``: which scattered stores go by
 #: inline PTX (module docstring)
 PTX_SCATTER_MODES = {"none": 0, "misses": 1, "all": 2}
@@ -529,17 +532,23 @@ class ResolveLaunch:
     order; the upstream order holds all ``C`` hot slots in one block (``block_c`` is raised to
     ``next_pow2(C)``); num_warps: Triton's (default 8 when the selection, or in the upstream
     order the walk block, has >= 1024 entries, 16 when the upstream walk block has >= 8192,
-    else 4); ptx_scatter: which of the upstream order's scattered stores go by inline PTX on
-    CUDA, a key of ``PTX_SCATTER_MODES`` (module docstring; ``none``: ``tl.store``, the launch
-    before 2026-12-03; the interpreter always takes ``tl.store``).
+    else 4; with ``kernel='cuda'`` the block's warps, default up to 32); ptx_scatter: which of
+    the upstream order's scattered stores go by inline PTX on CUDA, a key of
+    ``PTX_SCATTER_MODES`` (module docstring; ``none``: ``tl.store``, the launch before
+    2026-12-03; the interpreter always takes ``tl.store``); kernel: one of ``RESOLVE_KERNELS``:
+    ``triton`` (this module) or ``cuda`` (``swap_in_cuda.py``: upstream order, CUDA devices).
     """
 
     block_c: Optional[int] = None
     num_warps: Optional[int] = None
     ptx_scatter: str = "misses"
+    kernel: str = "triton"
 
     def __post_init__(self):
         b, w = self.block_c, self.num_warps
+        if self.kernel not in RESOLVE_KERNELS:
+            raise ValueError(f"ResolveLaunch.kernel must be one of {RESOLVE_KERNELS}, "
+                             f"got {self.kernel!r}")
         if self.ptx_scatter not in PTX_SCATTER_MODES:
             raise ValueError(f"ResolveLaunch.ptx_scatter must be one of {tuple(PTX_SCATTER_MODES)}, "
                              f"got {self.ptx_scatter!r}")

@@ -15,7 +15,9 @@ tabulates); the call row is compared with the kernel too (``ratio_to_peer`` = ca
 what the sort adds), and each case prints one line per order naming both ratios of ours, to the
 kernel and to the call. ``all_hits`` adds ``resolve_selection`` alone (the resolve kernel, no
 copy) per order at B=64 and B=1, and the upstream resolve at 4 and 16 warps (``ResolveLaunch``;
-variant ``upstream w<N>``; the default is 8).
+variant ``upstream w<N>``; the default is 8). On CUDA devices the CUDA resolve
+(``ResolveLaunch(kernel='cuda')``, ``backends/kernels/swap_in_cuda.py``) adds a row of ours in
+every case (variant ``upstream cuda``) and the resolve alone at its default (32) and 16 warps.
 
 Launch variants (``swap_in_peer`` only, ``LAUNCH_VARIANTS``): every case adds rows of ours in the
 upstream order with the launch before 2026-12-03 (``upstream 12-02``: the resolve's scattered
@@ -69,6 +71,10 @@ LAUNCH_VARIANTS = {
     "upstream ptx-all pdl": ("upstream", ResolveLaunch(ptx_scatter="all"), True),
     "upstream w16": ("upstream", ResolveLaunch(num_warps=16), None),
 }
+#: the CUDA resolve (``backends/kernels/swap_in_cuda.py``), on CUDA devices only: a row of
+#: ours in every case, and the resolve alone in ``all_hits`` at its default and 16 warps
+CUDA_VARIANTS = {"upstream cuda": ("upstream", ResolveLaunch(kernel="cuda"), None)}
+CUDA_RESOLVE_WARPS = (None, 16)
 
 
 def ordered_coordinator(sz: Sizes, device: torch.device, batch: int, seq_len: int, seed: int,
@@ -167,10 +173,14 @@ class Pair:
 
 def launch_json(c: HiSparseCoordinator) -> str:
     """The resolve's launch and the copy's ``pdl`` of a coordinator, as JSON."""
-    return json.dumps({"block_c": c.block_c, "num_warps": c.resolve_warps,
+    pdl = bool(getattr(c.engine, "pdl", False))
+    if c.resolve_launch.kernel == "cuda":
+        s = c.cuda_resolve_shape
+        return json.dumps({"kernel": "cuda", "threads": s.threads, "entries_per_thread": s.ept,
+                           "lanes_per_thread": s.lpt, "hash_size": s.hash_size, "pdl": pdl})
+    return json.dumps({"kernel": "triton", "block_c": c.block_c, "num_warps": c.resolve_warps,
                        "ptx_scatter": c.resolve_launch.ptx_scatter if c.resolve_ptx_scatter
-                       else "none",
-                       "pdl": bool(getattr(c.engine, "pdl", False))})
+                       else "none", "pdl": pdl})
 
 
 def all_misses(run: BenchRun, sz: Sizes, factory: PeerFactory, name: str,
@@ -228,16 +238,19 @@ def all_hits(run: BenchRun, sz: Sizes, factory: PeerFactory, name: str,
                  case_columns(sz, "all_hits", B, S, 0))
     launches = [(o, ResolveLaunch()) for o in LRU_ORDERS] + \
         [("upstream", ResolveLaunch(num_warps=w)) for w in RESOLVE_WARPS]
-    if len(variants) > len(LRU_ORDERS):
+    if any(v in variants for v in LAUNCH_VARIANTS):
         launches += [("upstream", ResolveLaunch(ptx_scatter="all")),
                      ("upstream", ResolveLaunch(num_warps=16, ptx_scatter="all"))]
+    if run.cuda:
+        launches += [("upstream", ResolveLaunch(kernel="cuda", num_warps=w))
+                     for w in CUDA_RESOLVE_WARPS]
     for order, launch in launches:
         c = pair.ours[order]
         c.set_resolve_launch(launch)
-        variant = " ".join([order] + ([] if launch.num_warps is None else
-                                      [f"w{launch.num_warps}"])
-                           + ([] if launch.ptx_scatter == "misses" else
-                              [f"ptx-{launch.ptx_scatter}"]))
+        variant = " ".join([order] + ([] if launch.kernel == "triton" else [launch.kernel])
+                           + ([] if launch.num_warps is None else [f"w{launch.num_warps}"])
+                           + ([] if launch.ptx_scatter == "misses" or launch.kernel == "cuda"
+                              else [f"ptx-{launch.ptx_scatter}"]))
         for n in (B, 1):
             run.measure(lambda: c.resolve_selection(req[:n], seq[:n], topk[:n], 0),
                         check=lambda out: swap_check(c, reqs[:n], topk[:n], out, [0] * n, [K] * n),
@@ -311,7 +324,8 @@ def swap_in_peers(run: BenchRun, sz: Sizes, factory: PeerFactory, name: str,
     """The three cases; ``name`` prefixes the peer's kernel names (``sglang``, or
     ``sglang_model`` for the Python model of upstream's kernel); ``launch_variants``: rows of
     ours for ``LAUNCH_VARIANTS`` too (module doc)."""
-    variants = {**ORDER_VARIANTS, **(LAUNCH_VARIANTS if launch_variants else {})}
+    variants = {**ORDER_VARIANTS, **(LAUNCH_VARIANTS if launch_variants else {}),
+                **(CUDA_VARIANTS if run.cuda else {})}
     for case in (all_misses, all_hits, steady_state):
         case(run, sz, factory, name, variants)
         if run.cuda:

@@ -5,25 +5,21 @@ sources, launcher, flags) is unchanged; the ptxas report of each kernel instance
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
-import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
-import torch
-
 from backends.kernels.flashmla_peer import PeerUnavailable, PeerUnsupported
+from backends.kernels.nvcc_build import DEFAULT_ARCH, build_cached, default_arch, gencode
+from backends.kernels.nvcc_build import ptxas_usage as nvcc_ptxas_usage
 from backends.kernels.sglang_peer.staging import (DEFAULT_BUILD_DIR, KERNEL_NAME,
                                                   check_kernel_contract, stage_sources,
                                                   staged_sources)
 from backends.kernels.sglang_peer.state import INT16_MAX
 
 DEFAULT_BLOCK_SIZE = 960          # SGLang coordinator's swap_in_block_size default
-DEFAULT_ARCH = "90a"              # what SGLang's JIT picks on H100/H200
 MAX_DYNAMIC_SMEM = 227 * 1024     # per-block opt-in limit on SM90
 LAUNCHER_CU = Path(__file__).with_name("launcher.cu")   # our extern "C" launcher
 
@@ -64,25 +60,13 @@ def smem_bytes(top_k: int, hot_buffer_size: int, warp: int = 32) -> int:
     return 4 * n32 + 2 * n16
 
 
-def _nvcc(nvcc: Optional[str]) -> str:
-    cand = nvcc or os.environ.get("NVCC") or shutil.which("nvcc")
-    if cand is None:
-        home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
-        cand = os.path.join(home, "bin", "nvcc")
-    if not os.path.isfile(cand):
-        raise PeerUnavailable("nvcc not found (PATH, NVCC, CUDA_HOME): it builds the peer")
-    return cand
-
-
 def nvcc_command(cfg: KernelConfig, src_dir: Path, cu: Path, out: Path, arch: str,
                  nvcc: str = "nvcc") -> List[str]:
     """The compile line: SGLang's JIT flags for ``arch`` plus ``-shared`` and ptxas stats."""
-    m = re.fullmatch(r"(\d)(\d)([af]?)", arch)
-    if m is None:
-        raise ValueError(f"arch must look like '90a' or '90', got {arch!r}")
-    sgl_arch = int(m.group(1)) * 100 + int(m.group(2)) * 10
+    flag = gencode(arch)
+    sgl_arch = int(arch[0]) * 100 + int(arch[1]) * 10
     return [nvcc, "-std=c++20", "-O3", "--expt-relaxed-constexpr", f"-DSGL_CUDA_ARCH={sgl_arch}",
-            f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xcompiler", "-fPIC", "-shared",
+            flag, "-Xcompiler", "-fPIC", "-shared",
             "-Xptxas", "-v", f"-DPEER_BLOCK_SIZE={cfg.block_size}", f"-DPEER_TOP_K={cfg.top_k}",
             f"-DPEER_HOT_BUFFER={cfg.hot_buffer_size}", f"-I{src_dir / 'include'}",
             f"-I{src_dir / 'csrc'}", f"-I{src_dir / 'tvm_include'}", str(cu), "-o", str(out)]
@@ -94,15 +78,6 @@ def _tree_sha(src_dir: Path) -> str:
         h.update(str(f.relative_to(src_dir)).encode())
         h.update(f.read_bytes())
     return h.hexdigest()
-
-
-def default_arch() -> str:
-    """This GPU's arch as nvcc's ``-gencode`` suffix (``90a`` on H100/H200), else
-    ``DEFAULT_ARCH``."""
-    if torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability()
-        return f"{major}{minor}{'a' if major >= 9 else ''}"
-    return DEFAULT_ARCH
 
 
 def library_path(cfg: KernelConfig, arch: str, build_dir: os.PathLike = DEFAULT_BUILD_DIR) -> Path:
@@ -130,30 +105,15 @@ def build_library(cfg: KernelConfig, *, arch: Optional[str] = None,
     lib = library_path(cfg, arch, build_dir)
     launcher = LAUNCHER_CU.read_text()
     cmd_key = nvcc_command(cfg, Path("SRC"), Path("peer.cu"), Path("lib.so"), arch)[1:]
-    key = hashlib.sha256(json.dumps([_tree_sha(src_dir), launcher, cmd_key]).encode()
-                         ).hexdigest()
-    key_file = lib.with_suffix(".json")
-    if not force and lib.is_file() and key_file.is_file() and \
-            json.loads(key_file.read_text()).get("key") == key:
-        return lib
-    exe = _nvcc(nvcc)
-    cu = lib.with_suffix(".cu")
-    cu.write_text(launcher)
-    tmp = lib.with_name(lib.name + ".tmp")
-    cmd = nvcc_command(cfg, src_dir, cu, tmp, arch, exe)
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    log = lib.with_suffix(".log")
-    log.write_text(" ".join(cmd) + "\n" + proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        tail = (proc.stdout + proc.stderr)[-3000:]
-        raise PeerUnavailable(f"nvcc failed ({proc.returncode}) building {lib.name}; log {log}:"
-                              f"\n{tail}")
-    os.replace(tmp, lib)
-    ver = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip()
-    key_file.write_text(json.dumps(dict(key=key, arch=arch, config=cfg.__dict__,
-                                        nvcc=ver.splitlines()[-1] if ver else "?",
-                                        ptxas=ptxas_usage(log.read_text())), indent=1))
-    return lib
+
+    def command(exe: str, out: Path) -> List[str]:
+        cu = lib.with_suffix(".cu")
+        cu.write_text(launcher)
+        return nvcc_command(cfg, src_dir, cu, out, arch, exe)
+
+    return build_cached(lib, command, [_tree_sha(src_dir), launcher, cmd_key], force=force,
+                        nvcc=nvcc, what="the peer", label=instance_label,
+                        meta=dict(arch=arch, config=cfg.__dict__))
 
 
 def instance_label(mangled: str) -> str:
@@ -168,17 +128,6 @@ def instance_label(mangled: str) -> str:
 
 
 def ptxas_usage(log_text: str) -> List[Dict[str, object]]:
-    """Per kernel instantiation: registers, spills and static smem from a ``-Xptxas -v`` log."""
-    out = []
-    for m in re.finditer(r"Compiling entry function '(\S+)' for '(\S+)'(.*?)(?=Compiling entry|\Z)",
-                         log_text, re.S):
-        body = m.group(3)
-        regs = re.search(r"Used (\d+) registers", body)
-        smem = re.search(r"(\d+) bytes smem", body)
-        spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", body)
-        out.append(dict(kernel=instance_label(m.group(1)), arch=m.group(2),
-                        registers=int(regs.group(1)) if regs else None,
-                        static_smem=int(smem.group(1)) if smem else 0,
-                        spill_stores=int(spill.group(1)) if spill else None,
-                        spill_loads=int(spill.group(2)) if spill else None))
-    return out
+    """Per kernel instantiation of the peer: registers, spills and static smem from a
+    ``-Xptxas -v`` log."""
+    return nvcc_ptxas_usage(log_text, instance_label)
