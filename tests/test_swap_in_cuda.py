@@ -142,7 +142,10 @@ def test_bit_equal_to_triton_at_benchmark_shape(num_warps):
     g = torch.Generator().manual_seed(7)
     reqs = torch.randperm(B, generator=g)
     lens = (S - torch.randint(0, 512, (B,), generator=g)).tolist()
+    rows = torch.randint(0, 256, (B, S + 16, 16), dtype=torch.uint8, device="cuda")
     for c in cs.values():
+        for r in range(B):
+            c.load_host_kv(0, r, rows[r, :lens[reqs.tolist().index(r)] + 8])
         c.prefill(reqs.tolist(), lens)
     req_dev = reqs.to(torch.int64).cuda()
     prev = None
