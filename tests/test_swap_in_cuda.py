@@ -26,14 +26,15 @@ CUDA = ResolveLaunch(kernel="cuda")
 
 def test_shape_rules():
     s = cuda_resolve_shape(2048, 4096)
-    assert (s.threads, s.ept, s.lpt, s.hash_size) == (1024, 2, 4, 4096)
-    assert s.smem == (3 * 4096 + 4096) * 4
+    assert (s.threads, s.ept, s.lpt, s.hash_size) == (1024, 2, 4, 8192)
+    assert s.smem == (3 * 8192 + 4096) * 4
     s = cuda_resolve_shape(12, 24)                 # small: one warp, one entry / lane a thread
-    assert (s.threads, s.ept, s.lpt, s.hash_size) == (32, 1, 1, 32)
+    assert (s.threads, s.ept, s.lpt, s.hash_size) == (32, 1, 1, 64)
     s = cuda_resolve_shape(2048, 4096, num_warps=8)
     assert (s.threads, s.ept, s.lpt) == (256, 8, 16)
     s = cuda_resolve_shape(3000, 3001)             # not powers of two
-    assert s.threads * s.ept >= 3000 and s.threads * s.lpt >= 3001 and s.hash_size == 8192
+    assert s.threads * s.ept >= 3000 and s.threads * s.lpt >= 3001 and s.hash_size == 16384
+    assert cuda_resolve_shape(4096, 16384).hash_size == 8192       # 16384 would not fit
     with pytest.raises(ValueError, match="top_k <= 2048 and hot units <= 4096 at 8 warps"):
         cuda_resolve_shape(2049, 4096, num_warps=8)
     with pytest.raises(ValueError, match=f"shared memory .* more than {MAX_DYNAMIC_SMEM} B"):
@@ -159,7 +160,7 @@ def test_bit_equal_to_triton_at_benchmark_shape(num_warps):
             elif kind == "mixed":
                 keep = int(0.85 * K)
                 row = torch.cat([prev[b][torch.randperm(K, generator=g)[:keep]], fresh[:K - keep]])
-                row[torch.randint(0, K, (8,), generator=g)] = row[0]       # repeats
+                row[torch.randint(0, K, (8,), generator=g)] = int(row[0])  # repeats
                 row[torch.randint(0, K, (4,), generator=g)] = -1
             else:
                 row = fresh

@@ -70,7 +70,9 @@ def cuda_resolve_shape(top_k: int, hot_units: int, num_warps: Optional[int] = No
     if num_warps is None:
         need = max(-(-top_k // ept), -(-hot_units // lpt))
         t = min(MAX_THREADS, max(32, -(-need // 32) * 32))
-    hs = _pow2_at_least(max(2 * top_k, 2))
+    hs = _pow2_at_least(max(4 * top_k, 2))      # load factor <= 1/4; <= 1/2 where that fits
+    if (3 * hs + hot_units) * 4 > MAX_DYNAMIC_SMEM:
+        hs //= 2
     smem = (3 * hs + hot_units) * 4
     if smem > MAX_DYNAMIC_SMEM:
         raise ValueError(f"the CUDA resolve needs {smem} B of shared memory for top_k {top_k}, "

@@ -11,7 +11,6 @@
 // scans. Entry i of the selection is thread i / EPT's (EPT consecutive entries a thread), walk
 // lane l is thread l / LPT's.
 #include <cuda_runtime.h>
-#include <climits>
 #include <cstdint>
 
 // Mirrored by backends/kernels/swap_in_cuda.py (_ResolveArgs); its size is checked at load.
@@ -69,12 +68,16 @@ __device__ __forceinline__ uint32_t hash_of(int32_t u, uint32_t mask) {
   return ((uint32_t)u * 2654435761u >> 7) & mask;
 }
 
-// Slot of unit u (>= 0) in the table, inserted if absent.
-__device__ __forceinline__ int hash_insert(int32_t* key, int32_t u, uint32_t mask) {
+// Slot of unit u (>= 0) in the table, inserted if absent (`inserted`: by this call).
+__device__ __forceinline__ int hash_insert(int32_t* key, int32_t u, uint32_t mask,
+                                           bool& inserted) {
   uint32_t h = hash_of(u, mask);
   while (true) {
     const int32_t prev = atomicCAS(&key[h], -1, u);
-    if (prev == -1 || prev == u) return (int)h;
+    if (prev == -1 || prev == u) {
+      inserted = prev == -1;
+      return (int)h;
+    }
     h = (h + 1) & mask;
   }
 }
@@ -102,6 +105,7 @@ __global__ void __launch_bounds__(1024) resolve_upstream_kernel(const ResolveArg
   extern __shared__ int32_t smem[];
   __shared__ int s_warp[33];
   __shared__ int s_red[3][32];
+  __shared__ int s_dup;              // some unit was selected twice
   const int HS = (int)a.hash_size;
   const uint32_t mask = (uint32_t)HS - 1;
   const int C = (int)a.C, K = (int)a.K, UNIT = (int)a.unit, PAGE = (int)a.page;
@@ -118,10 +122,9 @@ __global__ void __launch_bounds__(1024) resolve_upstream_kernel(const ResolveArg
 
   for (int h = t; h < HS; h += T) {
     s_key[h] = -1;
-    s_first[h] = INT_MAX;
     s_slot[h] = -1;
   }
-  for (int l = t; l < C; l += T) s_su[l] = a.slot_unit[row + l];
+  if (t == 0) s_dup = 0;
 
   // ---- the selection's entries: units, the newest unit of a long request -----------------
   const bool is_long = seq > (int32_t)a.D;
@@ -139,22 +142,34 @@ __global__ void __launch_bounds__(1024) resolve_upstream_kernel(const ResolveArg
     live[j] = valid[j] && !newest[j] && unit[j] < a.n_units;
     newest_cnt += newest[j];
   }
-  int32_t wslot[LPT];
+  // the hot buffer's rows, every load issued before the first use (one round trip)
+  int32_t wslot[LPT], su[LPT];
 #pragma unroll
   for (int j = 0; j < LPT; ++j) {
     const int l = t * LPT + j;
     wslot[j] = l < C ? a.lru[row + l] : 0;
+    su[j] = l < C ? a.slot_unit[row + l] : -1;
   }
+#pragma unroll
+  for (int j = 0; j < LPT; ++j)
+    if (t * LPT + j < C) s_su[t * LPT + j] = su[j];
   __syncthreads();                    // table cleared, slot -> unit in shared memory
 
   // ---- 1. the selection's units into the table (each unit's first entry) ---------------
+  // The entry that inserts a unit writes its index; an entry that finds its unit there flags
+  // a repeat, and then every entry of a repeated unit takes the minimum (its first entry).
   int hk[EPT];
+  bool repeat[EPT];
 #pragma unroll
   for (int j = 0; j < EPT; ++j) {
     hk[j] = -1;
+    repeat[j] = false;
     if (live[j]) {
-      hk[j] = hash_insert(s_key, unit[j], mask);
-      atomicMin(&s_first[hk[j]], t * EPT + j);
+      bool inserted;
+      hk[j] = hash_insert(s_key, unit[j], mask, inserted);
+      if (inserted) s_first[hk[j]] = t * EPT + j;
+      repeat[j] = !inserted;
+      if (!inserted) s_dup = 1;
     }
   }
   int32_t wunit[LPT];
@@ -164,6 +179,12 @@ __global__ void __launch_bounds__(1024) resolve_upstream_kernel(const ResolveArg
     wunit[j] = (l < C && wslot[j] >= 0 && wslot[j] < C) ? s_su[wslot[j]] : -1;
   }
   __syncthreads();
+  if (s_dup) {                        // block-uniform
+#pragma unroll
+    for (int j = 0; j < EPT; ++j)
+      if (repeat[j]) atomicMin(&s_first[hk[j]], t * EPT + j);
+    __syncthreads();
+  }
 
   // ---- 2. the walk: a slot is a hit when its unit is selected; the unit learns its slot ----
   bool hit[LPT];
@@ -200,12 +221,12 @@ __global__ void __launch_bounds__(1024) resolve_upstream_kernel(const ResolveArg
     if (lane == 0) { s_red[0][w] = r0; s_red[1][w] = r1; s_red[2][w] = r2; }
   }
   __syncthreads();
-  int n_uniq = 0, n_held = 0, n_newest = 0;
-  for (int w = 0; w < (T >> 5); ++w) {
-    n_uniq += s_red[0][w];
-    n_held += s_red[1][w];
-    n_newest += s_red[2][w];
-  }
+  // every warp sums the warps' partial counts (lane w reads warp w's)
+  const int lw = t & 31;
+  const bool in = lw < (T >> 5);
+  const int n_uniq = __reduce_add_sync(kFull, in ? s_red[0][lw] : 0);
+  const int n_held = __reduce_add_sync(kFull, in ? s_red[1][lw] : 0);
+  const int n_newest = __reduce_add_sync(kFull, in ? s_red[2][lw] : 0);
   const bool overflow = is_long && n_uniq > C;
   const bool do_long = is_long && n_uniq <= C && n_uniq > 0;
   const int n_hit = do_long ? n_held : 0;
@@ -267,7 +288,7 @@ __global__ void __launch_bounds__(1024) resolve_upstream_kernel(const ResolveArg
       const int ev_rank = l - hc;
       const int new_at = hit[j] ? n_evict + hc - 1
                                 : (ev_rank < n_miss ? n_kept + ev_rank : ev_rank - n_miss);
-      if (l < C) a.lru[row + new_at] = wslot[j];
+      if (l < C && new_at != l) a.lru[row + new_at] = wslot[j];   // place l holds wslot[j]
     }
   }
 

@@ -31,7 +31,7 @@ __device__ __forceinline__ long long gtime() {
 MARKS = [
     ("  const int b = blockIdx.x, t = threadIdx.x, T = blockDim.x;\n", "after", 0),
     ("  __syncthreads();                    // table cleared, slot -> unit in shared memory\n", "after", 1),
-    ("  __syncthreads();\n\n  // ---- 2.", "sync", 2),
+    ("  // ---- 2. the walk", "before", 2),
     ("  __syncthreads();\n\n  // ---- 3.", "sync", 3),
     ("  const int hit_before = block_exclusive_scan(hits_local, s_warp, unused);\n", "after", 4),
     ("  // ---- 6. each entry's device row", "before", 5),
