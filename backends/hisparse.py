@@ -30,9 +30,13 @@ from backends.host_memory import HOST_ALLOCS
 from backends.hisparse_coordinator import (DEFAULT_HOST_ALLOC, HOST_PAGE_ORDERS,
                                            LOAD_GRANULARITIES, LRU_ORDERS, HiSparseCoordinator,
                                            checked_selections)
+from backends.kernels.swap_in import RESOLVE_KERNELS, ResolveLaunch
+from backends.kernels.swap_in_cuda import cuda_resolve_shape, cuda_resolve_unavailable
 
 #: swap-in implementations: ours, or SGLang's own kernel
 COORDINATORS = ("triton", "sglang")
+#: our coordinator's resolve: ``auto`` (CUDA where it can run, else Triton), or either one
+RESOLVE_KERNEL_CHOICES = ("auto",) + RESOLVE_KERNELS
 #: the reason an extend point has no HiSparse row
 EXTEND_UNSUPPORTED = ("phase=extend: HiSparse is decode-only upstream (SGLang prefills with the KV "
                       "on the GPU and stages it to host afterwards; the swap-in coordinator serves "
@@ -50,6 +54,7 @@ class HiSparseSettings:
     lru_order: str = "upstream"                # upstream (SGLang's order) | position (ascending)
     host_alloc: str = DEFAULT_HOST_ALLOC       # registered (SGLang's) | pinned | thp (huge pages)
     host_page_order: str = "shuffled"          # shuffled (long-running) | sequential (fresh pool)
+    resolve_kernel: str = "auto"               # auto | triton | cuda: our coordinator's resolve
 
     def resolved(self, top_k: int) -> "HiSparseSettings":
         d = self.device_buffer_size if self.device_buffer_size is not None else 2 * top_k
@@ -75,13 +80,13 @@ class HiSparseBackend(Backend):
     settings = HiSparseSettings
     choices = {"load_granularity": LOAD_GRANULARITIES, "copy_engine": COPY_ENGINES,
                "coordinator": COORDINATORS, "lru_order": LRU_ORDERS, "host_alloc": HOST_ALLOCS,
-               "host_page_order": HOST_PAGE_ORDERS}
+               "host_page_order": HOST_PAGE_ORDERS, "resolve_kernel": RESOLVE_KERNEL_CHOICES}
     stages = ("swap_in", "attention")
     columns = {"device_buffer_size": "Int64", "load_granularity": "string", "copy_engine": "string",
                "coordinator": "string", "lru_order": "string", "host_alloc": "string",
-               "host_page_order": "string"}
+               "host_page_order": "string", "resolve_kernel": "string"}
     variant_axes = ("device_buffer_size", "load_granularity", "copy_engine", "coordinator",
-                    "lru_order", "host_alloc", "host_page_order")
+                    "lru_order", "host_alloc", "host_page_order", "resolve_kernel")
 
     @classmethod
     def check(cls, settings: HiSparseSettings, *, top_k: int, page_size: int, phase: str) -> None:
@@ -93,6 +98,19 @@ class HiSparseBackend(Backend):
         if settings.load_granularity == "page" and d % page_size:
             raise ConfigError("hisparse.device_buffer_size", d,
                               f"must be a multiple of page_size ({page_size}) when load_granularity=page")
+        if settings.resolve_kernel == "cuda":
+            if settings.lru_order != "upstream":
+                raise ConfigError("hisparse.resolve_kernel", "cuda",
+                                  "needs hisparse.lru_order=upstream (the CUDA resolve keeps "
+                                  "SGLang's order only)")
+            if settings.coordinator != "triton":
+                raise ConfigError("hisparse.resolve_kernel", "cuda",
+                                  "is our coordinator's resolve: needs hisparse.coordinator=triton")
+            unit = page_size if settings.load_granularity == "page" else 1
+            try:
+                cuda_resolve_shape(top_k, d // unit)
+            except ValueError as e:
+                raise ConfigError("hisparse.resolve_kernel", "cuda", str(e)) from e
 
     @classmethod
     def unsupported(cls, phase: str) -> str:
@@ -123,14 +141,17 @@ class HiSparseBackend(Backend):
                 "coordinator=sglang runs SGLang's swap-in kernel, which loads tokens (not pages) with "
                 "its own zero-copy reads: it needs hisparse.load_granularity=token and "
                 f"hisparse.copy_engine=uva_kernel (got {self.granularity}, {self.engine})")
+        self.resolve_kernel = self._resolve_kernel(settings)
+        launch = ResolveLaunch(kernel=self.resolve_kernel if self.resolve_kernel != "none"
+                               else "triton")
         try:
             self.coord = HiSparseCoordinator(
                 num_layers=wl.num_layers, max_requests=wl.batch_size, max_seq_len=wl.max_positions,
                 row_bytes=wl.row_bytes, top_k=wl.top_k, device_buffer_size=self.buffer_size,
                 page_size=wl.page_size, load_granularity=self.granularity, copy_engine=self.engine,
-                lru_order=settings.lru_order, host_alloc=settings.host_alloc,
-                host_page_order=settings.host_page_order, device=wl.device,
-                seed=wl.seed)
+                lru_order=settings.lru_order, resolve_launch=launch,
+                host_alloc=settings.host_alloc, host_page_order=settings.host_page_order,
+                device=wl.device, seed=wl.seed)
         except ValueError as e:
             raise BackendInvalid(str(e)) from e
         if wl.topk is not None:
@@ -144,6 +165,28 @@ class HiSparseBackend(Backend):
         m = wl.model
         self.attention = resolve_attention(attention_kernel, wl.device, m.num_heads, m.d_qk, m.d_v,
                                            self._kv(0))
+
+    def _resolve_kernel(self, settings: HiSparseSettings) -> str:
+        """The resolve our coordinator runs: ``settings.resolve_kernel``, ``auto`` resolved
+        (the CUDA one where it can run: a CUDA device, the upstream order, a shape that fits,
+        the library built or buildable; else Triton); ``none`` when SGLang's kernel serves the
+        swap-in. BackendUnavailable when ``cuda`` was asked for and cannot run here."""
+        if self.coordinator == "sglang":
+            return "none"
+        want = settings.resolve_kernel
+        if want == "triton" or (want == "auto" and settings.lru_order != "upstream"):
+            return "triton"
+        unit = self.wl.page_size if self.granularity == "page" else 1
+        why = cuda_resolve_unavailable(self.wl.device, self.wl.top_k, self.buffer_size // unit)
+        if not why:
+            return "cuda"
+        if want == "cuda":
+            raise BackendUnavailable(f"hisparse.resolve_kernel=cuda: {why}")
+        return "triton"
+
+    def row_extras(self) -> Dict[str, object]:
+        """The settings' columns, ``resolve_kernel`` as it ran (``auto`` resolved)."""
+        return dict(super().row_extras(), resolve_kernel=self.resolve_kernel)
 
     def _check_selections(self) -> None:
         """Positions < seq_len, and (page mode) no step selecting more pages than the buffer

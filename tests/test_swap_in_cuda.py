@@ -19,6 +19,9 @@ from backends.hisparse_coordinator import HiSparseCoordinator
 from backends.kernels.swap_in import RESOLVE_KERNELS, ResolveLaunch
 from backends.kernels.swap_in_cuda import (MAX_DYNAMIC_SMEM, build_resolve_library,
                                            cuda_resolve_shape)
+from cli import run_harness
+from harness import results
+from harness.validate import ConfigError, check_value
 from test_hisparse_coordinator import Rig
 
 CUDA = ResolveLaunch(kernel="cuda")
@@ -54,6 +57,33 @@ def test_kernel_option_validation():
     if torch.cuda.is_available():
         with pytest.raises(ValueError, match="kernel 'cuda' needs .*position"):
             HiSparseCoordinator(device="cuda", lru_order="position", resolve_launch=CUDA, **kw)
+
+
+def test_hisparse_resolve_kernel_setting(tmp_path):
+    """``hisparse.resolve_kernel``: a bad value names the field and the allowed ones; ``cuda``
+    with the position order or beyond the kernel's shapes stops before any kernel runs (exit 2);
+    a point records the resolve that ran (``auto`` resolved: Triton on the CPU, CUDA on a GPU
+    where it can run); ``cuda`` on the CPU is an ``unavailable`` row."""
+    with pytest.raises(ConfigError, match=r"hisparse.resolve_kernel='cub'.*auto, triton, cuda"):
+        check_value("hisparse.resolve_kernel", "cub")
+    r = run_harness("backend=hisparse", "hisparse.resolve_kernel=cuda",
+                    "hisparse.lru_order=position", f"hydra.run.dir={tmp_path}/a", check=False)
+    assert r.returncode == 2 and "hisparse.resolve_kernel='cuda'" in r.stderr and \
+        "lru_order=upstream" in r.stderr
+    r = run_harness("backend=hisparse", "hisparse.resolve_kernel=cuda", "top_k=16384",
+                    "context_len=40000", f"hydra.run.dir={tmp_path}/b", check=False)
+    assert r.returncode == 2 and "the CUDA resolve" in r.stderr and "Triton resolve" in r.stderr
+    run_harness("-m", "backend=hisparse", "hisparse.resolve_kernel=auto,cuda", "top_k=16",
+                "page_size=16", "batch_size=2", "context_len=256", "steps=2", "timing.warmup_steps=1",
+                "num_layers=1",
+                f"hydra.sweep.dir={tmp_path}/c")
+    df = results.load(tmp_path / "c")
+    got = dict(zip(df["status"] + "/" + df["resolve_kernel"].astype(str), df["error"]))
+    if torch.cuda.is_available():
+        assert set(got) == {"ok/cuda"}, got
+    else:
+        assert set(got) == {"ok/triton", "unavailable/cuda"}, got
+        assert "needs a CUDA device" in got["unavailable/cuda"]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")

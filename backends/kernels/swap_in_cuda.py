@@ -5,7 +5,8 @@ at first use into ``.kernel_build/`` (reused while the source and flags are unch
 through ctypes, launched on torch's current stream; GPU only.
 
 ``CudaResolve.launch`` takes the Triton kernel's arguments (``backends/kernels/swap_in.py``) and
-writes the same outputs; ``cuda_resolve_shape`` says whether a (top_k, hot units) shape fits.
+writes the same outputs; ``cuda_resolve_shape`` says whether a (top_k, hot units) shape fits,
+``cuda_resolve_unavailable`` whether the resolve can run here at all.
 """
 from __future__ import annotations
 
@@ -169,3 +170,17 @@ class CudaResolve:
         dev = topk.device.index if topk.device.index is not None else torch.cuda.current_device()
         self._check(self.lib.resolve_launch(ctypes.byref(a), shape.ept, shape.lpt, dev),
                     "launch")
+
+
+def cuda_resolve_unavailable(device, top_k: int, hot_units: int) -> str:
+    """Why the CUDA resolve cannot serve ``top_k`` entries over ``hot_units`` hot slots on
+    ``device`` ('' when it can: a CUDA device, a shape that fits, the library built or
+    buildable and loadable here)."""
+    if torch.device(device).type != "cuda":
+        return f"the CUDA resolve needs a CUDA device, got {torch.device(device)}"
+    try:
+        cuda_resolve_shape(top_k, hot_units)
+        CudaResolve.load()
+    except (ValueError, PeerUnavailable) as e:
+        return str(e)
+    return ""

@@ -333,11 +333,16 @@ const void* const kKernels[] = {
 
 int log2_of(int v) { int r = 0; while ((1 << r) < v) ++r; return (1 << r) == v ? r : -1; }
 
-const void* kernel_for(int ept, int lpt) {
+int kernel_index(int ept, int lpt) {
   const int e = log2_of(ept), l = log2_of(lpt);
-  if (e < 0 || e > 3 || l < 0 || l > 4) return nullptr;
-  return kKernels[e * 5 + l];
+  return (e < 0 || e > 3 || l < 0 || l > 4) ? -1 : e * 5 + l;
 }
+
+// Dynamic shared memory each instance was opened up to (per process, per device: the
+// attribute is set only when a launch needs more, so a launch inside CUDA-graph capture,
+// after a warm-up call, makes no attribute call).
+constexpr int kMaxDevices = 64;
+int g_smem_set[kMaxDevices][20] = {};
 
 }  // namespace
 
@@ -350,14 +355,16 @@ int resolve_dynamic_smem(int64_t hash_size, int64_t C) { return (int)((3 * hash_
 // One launch: `ept` entries and `lpt` walk lanes a thread, a.threads threads a block, a.batch
 // blocks on a.stream. 0 or a cudaError_t; -1 for an (ept, lpt) not compiled.
 int resolve_launch(const ResolveArgs* a, int ept, int lpt, int device) {
-  const void* k = kernel_for(ept, lpt);
-  if (k == nullptr) return -1;
+  const int idx = kernel_index(ept, lpt);
+  if (idx < 0 || device < 0 || device >= kMaxDevices) return -1;
+  const void* k = kKernels[idx];
   cudaError_t e = cudaSetDevice(device);
   if (e != cudaSuccess) return (int)e;
   const int smem = resolve_dynamic_smem(a->hash_size, a->C);
-  if (smem > 48 * 1024) {
+  if (smem > 48 * 1024 && smem > g_smem_set[device][idx]) {
     e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return (int)e;
+    g_smem_set[device][idx] = smem;
   }
   void* params[] = {const_cast<ResolveArgs*>(a)};
   e = cudaLaunchKernel(k, dim3((unsigned)a->batch), dim3((unsigned)a->threads), params,
@@ -367,8 +374,9 @@ int resolve_launch(const ResolveArgs* a, int ept, int lpt, int device) {
 
 // numRegs, static smem, local bytes, max threads a block of one instance; 0 or a cudaError_t
 int resolve_kernel_attrs(int ept, int lpt, int64_t* out) {
-  const void* k = kernel_for(ept, lpt);
-  if (k == nullptr) return -1;
+  const int idx = kernel_index(ept, lpt);
+  if (idx < 0) return -1;
+  const void* k = kKernels[idx];
   cudaFuncAttributes attr;
   cudaError_t e = cudaFuncGetAttributes(&attr, k);
   if (e != cudaSuccess) return (int)e;
@@ -380,7 +388,8 @@ int resolve_kernel_attrs(int ept, int lpt, int64_t* out) {
 }
 
 const char* resolve_error_string(int code) {
-  return code == -1 ? "no kernel compiled for this (entries, lanes) a thread"
+  return code == -1 ? "no kernel compiled for this (entries, lanes) a thread, or device index"
+                      " out of range"
                     : cudaGetErrorString((cudaError_t)code);
 }
 
