@@ -107,6 +107,18 @@ class Rig:
         self.rng.shuffle(row)
         return row
 
+    def kind_selection(self, reqs, seq, kind):
+        """One row per request of distinct positions below its newest token, all (``hit``),
+        half (``mixed``) or none (``miss``) of them resident in layer 0's hot buffer."""
+        sel = []
+        for r, s in zip(reqs, seq):
+            held = self.rng.permutation(self.resident_positions(0, r))
+            cold = self.rng.permutation(sorted(set(range(s - 1)) - set(held.tolist())))
+            n_held = {"hit": self.K, "mixed": self.K // 2, "miss": 0}[kind]
+            sel.append(self.rng.permutation(np.concatenate([held[:n_held],
+                                                            cold[:self.K - n_held]])))
+        return sel
+
     def resident_positions(self, layer, req):
         buf = self.m.buffer(layer, req)
         return sorted(u for u in buf.slot_unit if u >= 0)
@@ -206,14 +218,7 @@ def test_launch_options_against_model(ptx_scatter, pdl):
     kinds = []
     for step, kind in enumerate(["hit", "mixed", "hit", "miss", "mixed", "hit"]):
         seq = [n + 1 + step for n in lens]
-        sel = []
-        for r, s in zip(reqs, seq):
-            held = rig.rng.permutation(rig.resident_positions(0, r))
-            cold = rig.rng.permutation(sorted(set(range(s - 1)) - set(held.tolist())))
-            n_held = {"hit": rig.K, "mixed": rig.K // 2, "miss": 0}[kind]
-            sel.append(rig.rng.permutation(np.concatenate([held[:n_held],
-                                                           cold[:rig.K - n_held]])))
-        res = rig.swap(reqs, seq, sel)
+        res = rig.swap(reqs, seq, rig.kind_selection(reqs, seq, kind))
         kinds.append({"hit": all(x.misses == 0 for layer in res for x in layer),
                       "miss": all(x.hits == 0 for layer in res for x in layer),
                       "mixed": all(0 < x.misses < rig.K for layer in res for x in layer)}[kind])

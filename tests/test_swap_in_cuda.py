@@ -11,7 +11,6 @@ messages, and the library compiling for sm_90a when nvcc is present.
 import json
 import shutil
 
-import numpy as np
 import pytest
 import torch
 
@@ -141,14 +140,7 @@ def test_hit_mixed_miss_steps_against_model(pdl):
     rig.prefill(reqs, lens)
     for step, kind in enumerate(["hit", "mixed", "hit", "miss", "mixed", "hit"]):
         seq = [n + 1 + step for n in lens]
-        sel = []
-        for r, s in zip(reqs, seq):
-            held = rig.rng.permutation(rig.resident_positions(0, r))
-            cold = rig.rng.permutation(sorted(set(range(s - 1)) - set(held.tolist())))
-            n_held = {"hit": rig.K, "mixed": rig.K // 2, "miss": 0}[kind]
-            sel.append(rig.rng.permutation(np.concatenate([held[:n_held],
-                                                           cold[:rig.K - n_held]])))
-        res = rig.swap(reqs, seq, sel)
+        res = rig.swap(reqs, seq, rig.kind_selection(reqs, seq, kind))
         want = {"hit": lambda x: x.misses == 0, "miss": lambda x: x.hits == 0,
                 "mixed": lambda x: 0 < x.misses < rig.K}[kind]
         assert all(want(x) for layer in res for x in layer), (step, kind)

@@ -233,9 +233,18 @@ __global__ void __launch_bounds__(1024) resolve_upstream_kernel(const ResolveArg
   const int n_miss = do_long ? n_uniq - n_held : 0;
   const int n_evict = do_long ? C - n_hit : 0;
 
-  // hits before each walk lane (exclusive), in walk order
+  // per walk lane: hits up to and including it (walk order), its rank among the evictables
   int unused;
-  const int hit_before = block_exclusive_scan(hits_local, s_warp, unused);
+  int hit_cum[LPT], ev_rank[LPT];
+  {
+    int hc = block_exclusive_scan(hits_local, s_warp, unused);
+#pragma unroll
+    for (int j = 0; j < LPT; ++j) {
+      hc += hit[j];
+      hit_cum[j] = hc;
+      ev_rank[j] = t * LPT + j - hc;
+    }
+  }
 
   // ---- 4. the i-th miss (entry order) takes the i-th evictable slot (walk order) ---------
   if (n_miss > 0) {
@@ -248,14 +257,9 @@ __global__ void __launch_bounds__(1024) resolve_upstream_kernel(const ResolveArg
     }
     const int miss_before = block_exclusive_scan(miss_local, s_warp, unused);
     int32_t* s_ev = s_su;              // slot -> unit is no longer read
-    int hc = hit_before;
 #pragma unroll
-    for (int j = 0; j < LPT; ++j) {
-      const int l = t * LPT + j;
-      hc += hit[j];
-      const int ev_rank = l - hc;
-      if (l < C && !hit[j] && ev_rank < n_miss) s_ev[ev_rank] = wslot[j];
-    }
+    for (int j = 0; j < LPT; ++j)
+      if (t * LPT + j < C && !hit[j] && ev_rank[j] < n_miss) s_ev[ev_rank[j]] = wslot[j];
     __syncthreads();
     int mr = miss_before;
     int32_t* plan = a.plan + (int64_t)b * a.plan_stride;
@@ -280,14 +284,11 @@ __global__ void __launch_bounds__(1024) resolve_upstream_kernel(const ResolveArg
   // ---- 5. new LRU: stale evictables, the misses' slots, the hits (walk order) -----------
   if (do_long) {
     const int n_kept = n_evict - n_miss;
-    int hc = hit_before;
 #pragma unroll
     for (int j = 0; j < LPT; ++j) {
       const int l = t * LPT + j;
-      hc += hit[j];
-      const int ev_rank = l - hc;
-      const int new_at = hit[j] ? n_evict + hc - 1
-                                : (ev_rank < n_miss ? n_kept + ev_rank : ev_rank - n_miss);
+      const int new_at = hit[j] ? n_evict + hit_cum[j] - 1
+                                : (ev_rank[j] < n_miss ? n_kept + ev_rank[j] : ev_rank[j] - n_miss);
       if (l < C && new_at != l) a.lru[row + new_at] = wslot[j];   // place l holds wslot[j]
     }
   }

@@ -33,7 +33,7 @@ MARKS = [
     ("  __syncthreads();                    // table cleared, slot -> unit in shared memory\n", "after", 1),
     ("  // ---- 2. the walk", "before", 2),
     ("  __syncthreads();\n\n  // ---- 3.", "sync", 3),
-    ("  const int hit_before = block_exclusive_scan(hits_local, s_warp, unused);\n", "after", 4),
+    ("  // ---- 4. the i-th miss", "before", 4),
     ("  // ---- 6. each entry's device row", "before", 5),
     ("  // ---- 7. counts", "before", 6),
     ("    cnt[6] = a.page_mode ? (is_long ? n_uniq : 0) : 0;\n  }\n", "after", 7),
