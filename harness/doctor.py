@@ -15,6 +15,9 @@ detail says why), ``info``, or ``problem`` (the default run cannot work)):
   bf16 matmul; a few seconds); skipped on the CPU, where runs are correctness runs;
 * ``memory``: the pinned-memory limit (``RLIMIT_MEMLOCK``, i.e. ``ulimit -l``), free host and
   device memory (``harness.memory``), and on the GPU one real pinned allocation;
+* ``kernels``: which resolve ``hisparse.resolve_kernel=auto`` takes here: the CUDA one (a GPU,
+  and its library built or ``nvcc`` to build it, which the check does) or the Triton one, and
+  why;
 * ``peers``: FlashMLA (``sgl-flash-mla`` importable, SM90 legacy ops), the SGLang swap-in kernel
   (staged sources, built libraries, ``nvcc``), vLLM's index conversion; each with the reason it
   is unavailable;
@@ -39,7 +42,8 @@ from dataclasses import dataclass, field
 from importlib import metadata, util
 from typing import Dict, List, Optional
 
-SECTIONS = ("versions", "device", "triton", "hydra", "ceilings", "memory", "peers", "launchers")
+SECTIONS = ("versions", "device", "triton", "hydra", "ceilings", "memory", "kernels", "peers",
+            "launchers")
 STATUSES = ("ok", "missing", "info", "problem")
 #: launcher plugins worth having, by ``hydra/launcher`` choice -> the package that provides it
 KNOWN_LAUNCHERS = {"joblib": "hydra-joblib-launcher", "submitit_local": "hydra-submitit-launcher",
@@ -241,6 +245,29 @@ def memory_items() -> List[Item]:
     return items
 
 
+def kernel_items() -> List[Item]:
+    """The CUDA resolve: whether ``hisparse.resolve_kernel=auto`` takes it here (checked at
+    top_k 2048, 4096 hot slots; on a GPU this builds the library when it is not built)."""
+    import torch
+    from backends.kernels.flashmla_peer import PeerUnavailable
+    from backends.kernels.nvcc_build import default_arch, find_nvcc
+    from backends.kernels.swap_in_cuda import DEFAULT_BUILD_DIR, cuda_resolve_unavailable
+    built = sorted(p.name for p in DEFAULT_BUILD_DIR.glob("libswap_in_resolve_*.so"))
+    try:
+        nvcc: Optional[str] = find_nvcc(None, "the CUDA resolve")
+    except PeerUnavailable:
+        nvcc = None
+    cuda = torch.cuda.is_available()
+    data = {"built": built, "nvcc": nvcc, "arch": default_arch() if cuda else None}
+    facts = f"built: {', '.join(built) or 'none'}; nvcc: {nvcc or 'not found'}"
+    why = cuda_resolve_unavailable("cuda" if cuda else "cpu", 2048, 4096)
+    if why:
+        return [Item("kernels", "cuda_resolve", "missing", "hisparse.resolve_kernel=auto takes the "
+                     f"Triton resolve here: {why}; {facts}", data)]
+    return [Item("kernels", "cuda_resolve", "ok", "hisparse.resolve_kernel=auto takes the CUDA "
+                 f"resolve; {facts}", data)]
+
+
 def flashmla_item() -> Item:
     import torch
     from backends.kernels.flashmla_peer import PeerUnavailable, flashmla_attention
@@ -369,7 +396,7 @@ def collect(skip_ceilings: bool = False) -> List[Item]:
     return (_section("versions", versions) + _section("device", device_items)
             + _section("triton", triton_items, user_interpret) + _section("hydra", hydra_items)
             + _section("ceilings", ceiling_items, skip_ceilings) + _section("memory", memory_items)
-            + _section("peers", peer_items) + _section("launchers", launcher_items))
+            + _section("kernels", kernel_items) + _section("peers", peer_items) + _section("launchers", launcher_items))
 
 
 def problems(items: List[Item]) -> List[str]:

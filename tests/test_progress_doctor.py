@@ -183,6 +183,11 @@ def test_doctor_json_and_table():
         assert "CUDA" in rep["peers"]["flashmla"]["detail"] and "CUDA" in rep["peers"]["sglang_kernel"]["detail"]
         assert rep["ceilings"]["measured"]["measured"] is False
         assert "skipped on the CPU" in rep["ceilings"]["measured"]["detail"]
+        k = rep["kernels"]["cuda_resolve"]
+        assert k["status"] == "missing" and "takes the Triton resolve here" in k["detail"] and \
+            "needs a CUDA device" in k["detail"]
+    else:
+        assert rep["kernels"]["cuda_resolve"]["status"] == "ok"
     # the table (plain: stdout is a pipe) holds the same items with the same statuses
     t = run_harness(module="harness.doctor")
     assert not ANSI.search(t.stdout)
