@@ -30,7 +30,9 @@ pages; ``--quick``: ``QUICK``):
   (``context``; ``context_summary`` prints resolve / copy / total per context).
 
 ``--section`` picks sections (default all); ``summary(DIR)`` reprints both summaries of a
-stored run.
+stored run. Every coordinator here resolves with the Triton kernel (``ResolveLaunch()``); the
+CUDA resolve (``hisparse.resolve_kernel``'s default on a GPU) is timed beside it and SGLang's
+kernel by ``swap_in_peer``.
 
 Checks (before timing): the device row behind every returned slot equals the host row of the
 selected position (``max_rel_err`` = fraction of wrong rows, tolerance 0; for ``copy`` rows the
