@@ -225,7 +225,8 @@ def test_swap_in_quick(tmp_path):
     """Every section but the gather (``tests/test_copy_engines.py`` runs it: its persistent
     launches cost the interpreter one step per row and program)."""
     sz = swap_in_bench.QUICK
-    rc, df = run_bench(tmp_path, "swap_in", "--section", "all_misses,all_hits,steady_state,context")
+    rc, df = run_bench(tmp_path, "swap_in", "--section", "all_misses,all_hits,steady_state,context",
+                       "--resolve-kernel", "triton,cuda")
     assert rc == 0
     ok = assert_measured(df, "swap_in")
     assert len(ok) == len(df) and (df["max_rel_err"] == 0).all()
@@ -249,7 +250,10 @@ def test_swap_in_quick(tmp_path):
     assert sorted(resolve["batch_size"]) == [1, sz.batch]
     # context: equal misses at every context, in both host pools
     ctx = swap[swap["case"].str.startswith("context")]
-    assert set(ctx["case"]) == {"context", "context+registered", "context+thp"}
+    cases = {"context", "context+registered", "context+thp"}
+    # the CUDA resolve where it can run (a GPU), else skipped with its reason
+    assert set(ctx["case"]) == cases | ({c + "+cuda" for c in cases} if torch.cuda.is_available()
+                                        else set())
     assert set(ctx["context_len"]) == set(sz.context_lens)
     per_step = sz.context_batch * (sz.top_k - round(sz.overlap_c * sz.top_k))
     assert (ctx["misses"] == per_step).all()

@@ -349,11 +349,14 @@ def test_swap_in_context_section_with_sequential_host_pages():
 
 def test_swap_in_context_flags_are_checked_before_any_kernel():
     """``--contexts`` too short for the section's never-resident positions, more than one
-    ``--context-batch`` or an unknown ``--host-page-order`` stop with a message naming the flag."""
+    ``--context-batch``, an unknown ``--host-page-order`` or ``--resolve-kernel`` stop with a
+    message naming the flag."""
     from cli import run_harness
     base = ["run", "swap_in", "--quick", "--section", "context", "--host-alloc", "registered"]
     for extra, words in ((["--contexts", "100,400"], "--contexts: [100] below 112"),
                          (["--context-batch", "2,3"], "--context-batch takes one value"),
-                         (["--host-page-order", "fresh"], "--host-page-order takes a comma list")):
+                         (["--host-page-order", "fresh"], "--host-page-order takes a comma list"),
+                         (["--resolve-kernel", "cub"],
+                          "--resolve-kernel takes a comma list of triton, cuda")):
         r = run_harness(*base, *extra, check=False, module="harness.bench")
         assert r.returncode != 0 and words in r.stderr + r.stdout, (extra, r.stderr[-500:])

@@ -30,9 +30,9 @@ pages; ``--quick``: ``QUICK``):
   (``context``; ``context_summary`` prints resolve / copy / total per context).
 
 ``--section`` picks sections (default all); ``summary(DIR)`` reprints both summaries of a
-stored run. Every coordinator here resolves with the Triton kernel (``ResolveLaunch()``); the
-CUDA resolve (``hisparse.resolve_kernel``'s default on a GPU) is timed beside it and SGLang's
-kernel by ``swap_in_peer``.
+stored run. The coordinators resolve with the Triton kernel (``ResolveLaunch()``);
+``--resolve-kernel triton,cuda`` times the ``context`` section with the CUDA resolve too
+(``hisparse.resolve_kernel``'s default on a GPU; ``swap_in_peer`` times it in the other cases).
 
 Checks (before timing): the device row behind every returned slot equals the host row of the
 selected position (``max_rel_err`` = fraction of wrong rows, tolerance 0; for ``copy`` rows the
@@ -58,6 +58,8 @@ from backends.copy_engines import (COPY_ENGINES, UVA_CUDA_LAUNCH, UvaKernelEngin
                                    uva_engine_per_sm)
 from backends.hisparse_coordinator import DEFAULT_HOST_ALLOC, HOST_PAGE_ORDERS, HiSparseCoordinator
 from backends.host_memory import HOST_ALLOCS, HostRows
+from backends.kernels.swap_in import RESOLVE_KERNELS, ResolveLaunch
+from backends.kernels.swap_in_cuda import cuda_resolve_unavailable
 from harness import results
 from harness.bench.measure import NAN, BenchRun, Check, exact
 from harness.bench.registry import register
@@ -746,24 +748,35 @@ def context(run: BenchRun, sz: Sizes) -> None:
                     wrong = row_error(c, reqs, sels[i], out, mirror)
                 return exact(wrong, mismatch)
 
-            case = "context" + ("" if alloc == "pinned" else f"+{alloc}") \
-                + ("" if order == "shuffled" else f"+{order}")
-            cols = case_columns(sz, case, B, S,
-                                np.mean([sum(misses[i]) for i in timed]),
-                                step_overlap=sz.overlap_c, copy_engine="uva_kernel",
-                                host_bytes=c.host_bytes())
-            run.measure(lambda: c.resolve_selection(req, seq, topk, 0), setup=restore,
-                        check=lambda _: verdict(), kernel="resolve_selection",
-                        **{**cols, "tokens_loaded": None, "bytes_h2d": None})
-            for variant in sz.context_variants:
-                c.engine = gather_engine(variant, run.device)
-                launch = dict(variant=variant, launch_config=json.dumps(c.engine.launch_config()))
-                run.measure(lambda: c.copy_planned_misses(0),
-                            setup=lambda: restore(resolve=True),
-                            check=lambda _: verdict(c.out[0, :B]), kernel="copy_planned_misses",
-                            **{**cols, "hits": None}, **launch)
-                run.measure(lambda: c.swap_in_selected_pages(req, seq, topk, 0), setup=restore,
-                            check=verdict, kernel="swap_in_selected_pages", **cols, **launch)
+            for kernel in run.args.resolve_kernel:
+                if kernel == "cuda":
+                    why = cuda_resolve_unavailable(run.device, K, sz.device_buffer_size)
+                    if why:
+                        print(f"[swap_in] context {S}: the CUDA resolve skipped: {why}",
+                              flush=True)
+                        continue
+                c.set_resolve_launch(ResolveLaunch(kernel=kernel))
+                case = "context" + ("" if alloc == "pinned" else f"+{alloc}") \
+                    + ("" if order == "shuffled" else f"+{order}") \
+                    + ("" if kernel == "triton" else f"+{kernel}")
+                cols = case_columns(sz, case, B, S,
+                                    np.mean([sum(misses[i]) for i in timed]),
+                                    step_overlap=sz.overlap_c, copy_engine="uva_kernel",
+                                    host_bytes=c.host_bytes())
+                run.measure(lambda: c.resolve_selection(req, seq, topk, 0), setup=restore,
+                            check=lambda _: verdict(), kernel="resolve_selection",
+                            **{**cols, "tokens_loaded": None, "bytes_h2d": None})
+                for variant in sz.context_variants:
+                    c.engine = gather_engine(variant, run.device)
+                    launch = dict(variant=variant,
+                                  launch_config=json.dumps(c.engine.launch_config()))
+                    run.measure(lambda: c.copy_planned_misses(0),
+                                setup=lambda: restore(resolve=True),
+                                check=lambda _: verdict(c.out[0, :B]),
+                                kernel="copy_planned_misses", **{**cols, "hits": None}, **launch)
+                    run.measure(lambda: c.swap_in_selected_pages(req, seq, topk, 0),
+                                setup=restore, check=verdict, kernel="swap_in_selected_pages",
+                                **cols, **launch)
             del c, states, restore, verdict, mirror
             release_cached_pinned()
             if run.cuda:
@@ -856,6 +869,11 @@ def options(parser: argparse.ArgumentParser) -> None:
                         "of shuffled (a long-running pool; the default) and sequential (a fresh "
                         "pool: each request's pages adjacent); hisparse.host_page_order takes "
                         "the same names")
+    parser.add_argument("--resolve-kernel", type=_comma_list("--resolve-kernel", RESOLVE_KERNELS),
+                        default=("triton",),
+                        help="resolves of the context section, comma list of triton (the "
+                        "default) and cuda (backends/kernels/swap_in_cuda.py; case suffix "
+                        "+cuda; skipped with the reason where it cannot run)")
     parser.add_argument("--gather-pools", type=_positive_ints("--gather-pools", "row counts"),
                         default=None,
                         help="host pool sizes (rows) of the gather section, comma list "
