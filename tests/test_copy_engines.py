@@ -226,7 +226,8 @@ def _bench_run():
     # no warm-up calls: each row's checked first call ran the kernel already (in the interpreter
     # a warm-up call costs as much as a timed one)
     args = argparse.Namespace(quick=True, repeats=2, warmup=0, section=("gather", "context"),
-                              host_alloc=("pinned",), host_page_order=("shuffled",))
+                              host_alloc=("pinned",), host_page_order=("shuffled",),
+                              resolve_kernel=("triton",))
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return BenchRun("swap_in", args, dev, "test swap_in")
 
