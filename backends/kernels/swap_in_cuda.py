@@ -103,6 +103,7 @@ class CudaResolve:
     """The loaded library (``load`` builds it when needed); ``launch`` runs the resolve."""
 
     _cache: Dict[Tuple[str, str], "CudaResolve"] = {}
+    _failed: Dict[Tuple[str, str], str] = {}     # why a build or load failed (not retried)
 
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -122,13 +123,20 @@ class CudaResolve:
     @classmethod
     def load(cls, arch: Optional[str] = None, build_dir: Path = DEFAULT_BUILD_DIR
              ) -> "CudaResolve":
-        """The library for this GPU (built at first use; one instance a process)."""
+        """The library for this GPU (built at first use; one instance a process, and a failed
+        build or load is not retried in the process)."""
         if not torch.cuda.is_available():
             raise PeerUnavailable("the CUDA resolve needs a CUDA GPU; this machine has none")
         arch = arch or default_arch()
         key = (arch, str(build_dir))
+        if key in cls._failed:
+            raise PeerUnavailable(cls._failed[key])
         if key not in cls._cache:
-            cls._cache[key] = cls(build_resolve_library(arch, build_dir))
+            try:
+                cls._cache[key] = cls(build_resolve_library(arch, build_dir))
+            except PeerUnavailable as e:
+                cls._failed[key] = str(e)
+                raise
         return cls._cache[key]
 
     def kernel_attrs(self, shape: CudaResolveShape) -> Dict[str, int]:
