@@ -204,3 +204,21 @@ def test_bit_equal_to_triton_at_benchmark_shape(num_warps):
         assert torch.equal(t.slot_unit[0], u.slot_unit[0]) and torch.equal(t.lru[0], u.lru[0])
         misses = int(t.counts[0, :B, 1].sum())
         assert (misses == 0) == (kind == "hit"), (step, kind, misses)
+
+
+def test_failed_build_is_not_retried(monkeypatch, tmp_path):
+    """A build that fails (no nvcc, a compile error) is remembered for the process: ``auto``
+    asks at every point, and must not recompile each time."""
+    from backends.kernels import swap_in_cuda
+    from backends.kernels.flashmla_peer import PeerUnavailable
+    calls = []
+
+    def failing_build(arch, build_dir):
+        calls.append(arch)
+        raise PeerUnavailable("nvcc failed (1) building the test library")
+    monkeypatch.setattr(swap_in_cuda.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(swap_in_cuda, "build_resolve_library", failing_build)
+    for _ in range(3):
+        with pytest.raises(PeerUnavailable, match="nvcc failed"):
+            swap_in_cuda.CudaResolve.load(arch="90a", build_dir=tmp_path)
+    assert calls == ["90a"]
