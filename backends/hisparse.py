@@ -61,6 +61,12 @@ class HiSparseSettings:
         return dataclasses.replace(self, device_buffer_size=int(d))
 
 
+def hot_units(settings: HiSparseSettings, page_size: int) -> int:
+    """Units the LRU manages per hot buffer: slots (token mode) or pages (page mode)."""
+    unit = page_size if settings.load_granularity == "page" else 1
+    return settings.device_buffer_size // unit
+
+
 def make_sglang_peer(coord: HiSparseCoordinator):
     """SGLang's swap-in kernel over ``coord``'s pools (built from the staged sglang sources
     when needed). Raises BackendUnavailable (no GPU, not built and no nvcc) or BackendInvalid
@@ -106,9 +112,8 @@ class HiSparseBackend(Backend):
             if settings.coordinator != "triton":
                 raise ConfigError("hisparse.resolve_kernel", "cuda",
                                   "is our coordinator's resolve: needs hisparse.coordinator=triton")
-            unit = page_size if settings.load_granularity == "page" else 1
             try:
-                cuda_resolve_shape(top_k, d // unit)
+                cuda_resolve_shape(top_k, hot_units(settings, page_size))
             except ValueError as e:
                 raise ConfigError("hisparse.resolve_kernel", "cuda", str(e)) from e
 
@@ -176,8 +181,8 @@ class HiSparseBackend(Backend):
         want = settings.resolve_kernel
         if want == "triton" or (want == "auto" and settings.lru_order != "upstream"):
             return "triton"
-        unit = self.wl.page_size if self.granularity == "page" else 1
-        why = cuda_resolve_unavailable(self.wl.device, self.wl.top_k, self.buffer_size // unit)
+        why = cuda_resolve_unavailable(self.wl.device, self.wl.top_k,
+                                       hot_units(settings, self.wl.page_size))
         if not why:
             return "cuda"
         if want == "cuda":

@@ -396,7 +396,8 @@ def collect(skip_ceilings: bool = False) -> List[Item]:
     return (_section("versions", versions) + _section("device", device_items)
             + _section("triton", triton_items, user_interpret) + _section("hydra", hydra_items)
             + _section("ceilings", ceiling_items, skip_ceilings) + _section("memory", memory_items)
-            + _section("kernels", kernel_items) + _section("peers", peer_items) + _section("launchers", launcher_items))
+            + _section("kernels", kernel_items) + _section("peers", peer_items)
+            + _section("launchers", launcher_items))
 
 
 def problems(items: List[Item]) -> List[str]:
