@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from backends.hisparse_coordinator import HiSparseCoordinator
+from backends.kernels.swap_in import ResolveLaunch
 from backends.kernels import sglang_peer as sp
 from backends.kernels.flashmla_peer import PeerUnavailable, PeerUnsupported
 from harness import sglang_model as sm
@@ -167,11 +168,14 @@ def test_upstream_model_refuses_duplicates_and_keeps_untouched_outputs():
 
 
 # ------------------------------------------------------------------ the peer pipeline on CPU
-def _pair(device, *, L=2, R=3, max_seq=96, row_bytes=16, K=8, D=24, P=4, seed=0):
-    """Ours and the peer's pools: same config, seed and host KV, hence identical pools."""
+def _pair(device, *, L=2, R=3, max_seq=96, row_bytes=16, K=8, D=24, P=4, seed=0,
+          resolve_kernel="triton"):
+    """Ours and the peer's pools: same config, seed and host KV, hence identical pools; ours
+    resolves with ``resolve_kernel``."""
     kw = dict(num_layers=L, max_requests=R, max_seq_len=max_seq, row_bytes=row_bytes, top_k=K,
               device_buffer_size=D, page_size=P, device=device, seed=seed)
-    ours, pools = HiSparseCoordinator(**kw), HiSparseCoordinator(**kw)
+    ours = HiSparseCoordinator(**kw, resolve_launch=ResolveLaunch(kernel=resolve_kernel))
+    pools = HiSparseCoordinator(**kw)
     g = torch.Generator().manual_seed(seed + 1)
     kv = torch.randint(0, 256, (L, R, max_seq, row_bytes), dtype=torch.uint8, generator=g)
     for c in (ours, pools):
@@ -278,14 +282,16 @@ def _contract_row(rng, resident, s, K, D):
     return row
 
 
-def _free_running_vs_upstream(device, make_peer, steps=50, seed=11):
-    """Our coordinator (default ``lru_order=upstream``) and upstream's kernel (``make_peer``),
+def _free_running_vs_upstream(device, make_peer, steps=50, seed=11, resolve_kernel="triton"):
+    """Our coordinator (default ``lru_order=upstream``, resolving with ``resolve_kernel``) and
+    upstream's kernel (``make_peer``),
     each from its own state, on the same selections for ``steps`` decode steps of layer 0: a
     request that crosses ``D`` at step 8 and two long ones. At every step the returned rows,
     hits, misses, slot maps and LRU orders are identical and the rows hold the selected KV."""
     K, D, P = 16, 48, 16
-    ours, pools, kv = _pair(device, L=1, K=K, D=D, P=P, row_bytes=32, max_seq=200, seed=seed)
-    assert ours.lru_order == "upstream"
+    ours, pools, kv = _pair(device, L=1, K=K, D=D, P=P, row_bytes=32, max_seq=200, seed=seed,
+                            resolve_kernel=resolve_kernel)
+    assert ours.lru_order == "upstream" and ours.resolve_launch.kernel == resolve_kernel
     peer = make_peer(pools)
     reqs, lens = [2, 0, 1], [40, 60, 100]
     rng = np.random.default_rng(seed)
@@ -429,11 +435,13 @@ def test_gpu_lockstep_small_random(dtype):
 
 
 @pytest.mark.gpu
-def test_gpu_lockstep_dsv32_size():
+@pytest.mark.parametrize("resolve_kernel", ["triton", "cuda"])
+def test_gpu_lockstep_dsv32_size(resolve_kernel):
     """top_k 2048, D 4096, 64-token pages, 656 B rows: upstream's kernel (block 960) on a long
-    and a short request, ~60% overlap between steps, against our coordinator."""
+    and a short request, ~60% overlap between steps, against our coordinator (either resolve)."""
     K, D, P = 2048, 4096, 64
-    ours, pools, kv = _pair("cuda", L=1, R=2, max_seq=20000, row_bytes=656, K=K, D=D, P=P)
+    ours, pools, kv = _pair("cuda", L=1, R=2, max_seq=20000, row_bytes=656, K=K, D=D, P=P,
+                            resolve_kernel=resolve_kernel)
     assert pools.host_kv.is_pinned()
     peer = _gpu_peer(pools)
     attrs = peer.kernel.kernel_attrs(record=True)
@@ -462,10 +470,12 @@ def test_gpu_lockstep_dsv32_size():
 
 
 @pytest.mark.gpu
-def test_gpu_free_running_50_steps_equal_sglang_kernel():
-    """GPU: our coordinator against SGLang's compiled kernel, each free running on its own
-    state for 50 steps: identical slots, hits, misses, slot maps and LRU at every step."""
-    _free_running_vs_upstream("cuda", _gpu_peer)
+@pytest.mark.parametrize("resolve_kernel", ["triton", "cuda"])
+def test_gpu_free_running_50_steps_equal_sglang_kernel(resolve_kernel):
+    """GPU: our coordinator (either resolve) against SGLang's compiled kernel, each free running
+    on its own state for 50 steps: identical slots, hits, misses, slot maps and LRU at every
+    step."""
+    _free_running_vs_upstream("cuda", _gpu_peer, resolve_kernel=resolve_kernel)
 
 
 @pytest.mark.gpu
