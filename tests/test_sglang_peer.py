@@ -168,6 +168,13 @@ def test_upstream_model_refuses_duplicates_and_keeps_untouched_outputs():
 
 
 # ------------------------------------------------------------------ the peer pipeline on CPU
+#: tests that run our coordinator on CPU tensors (its Triton kernels through the interpreter,
+#: which the test set-up turns on only on a machine without CUDA)
+_CPU_COORDINATOR = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                      reason="our coordinator on CPU tensors needs "
+                                             "TRITON_INTERPRET=1")
+
+
 def _pair(device, *, L=2, R=3, max_seq=96, row_bytes=16, K=8, D=24, P=4, seed=0,
           resolve_kernel="triton"):
     """Ours and the peer's pools: same config, seed and host KV, hence identical pools; ours
@@ -213,6 +220,7 @@ def _lockstep_peer(ours, pools, peer, kv, reqs, lens, steps, seed, dtype=torch.i
     return totals
 
 
+@_CPU_COORDINATOR
 def test_peer_pipeline_with_model_kernel_against_coordinator():
     ours, pools, kv = _pair("cpu")
     peer = sm.modelled_peer(pools)
@@ -335,8 +343,7 @@ def _free_running_vs_upstream(device, make_peer, steps=50, seed=11, resolve_kern
     assert long_hits >= 2 * steps            # every long row of every step had >= 2 hits
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                    reason="our coordinator on CPU tensors needs TRITON_INTERPRET=1")
+@_CPU_COORDINATOR
 def test_free_running_50_steps_equal_upstream_model():
     """CPU: our coordinator against upstream's policy (``UpstreamHotBuffer`` standing in for
     the kernel through ``ModelSwapInKernel``), free running."""
