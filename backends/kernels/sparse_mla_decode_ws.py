@@ -112,6 +112,10 @@ _A1_REGS = 208
 #: the producer issues the first tiles' copies without waiting for the query block's (which
 #: arrive on their own mbarrier), so its load overlaps the first gather
 _Q_EARLY = True
+#: the output (bf16) or a split's float32 partials stored through shared memory that the
+#: program is done with, 16 bytes a thread along a row (:func:`_store_o`), not from the
+#: accumulator's layout
+_STAGED_STORE = True
 #: registers per thread of the whole program: 12 warps x 32 x 168 <= 64 K; the consumers get
 #: (168 * 12 - 48 * 4) / 8 = 228 rounded down to setmaxnreg's multiple of 8: 224 (the PTX's
 #: setmaxnreg). ptxas 12.8 (Triton 3.6) for sm_90a: no spills for bf16 rows, 20 bytes for
@@ -124,6 +128,8 @@ _SMEM_BUDGET = 227 * 1024 - 1024 - 2048
 #: the warps of the calling partition, and the cp.async copy into shared memory
 _partition_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 _cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+#: and a shared-memory view as another type, shape and layout (``_reinterpret`` in Triton 3.6)
+_NEW_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
 
 
 @gluon.jit
@@ -362,7 +368,7 @@ def _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
                  b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
                  q_nope, q_rope, kv_nope, kv_rope, q_bar, ready, empty,
                  D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
-                 STAGES: gl.constexpr, SPLIT: gl.constexpr):
+                 STAGES: gl.constexpr, SPLIT: gl.constexpr, STAGED: gl.constexpr):
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                   instr_shape=[16, BLOCK_N // 2, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
@@ -415,51 +421,60 @@ def _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
     l_i = gl.sum(l_el, axis=1)
     has = l_i > 0.0
     l_safe = gl.where(has, l_i, 1.0)
-    _store_o(acc, l_safe, b, h0, H, split, num_splits, out_ptr, stride_ob, stride_oh,
-             part_o_ptr, 0, D_V, BLOCK_H, SPLIT, o_l)
+    # the stages (the loop's last barrier: both warpgroups' MMAs are done with them)
+    _store_o(acc, l_safe, kv_nope, b, h0, H, split, num_splits, out_ptr, stride_ob, stride_oh,
+             part_o_ptr, 0, D_V, BLOCK_H, SPLIT, False, STAGED, o_l)
     _store_lse(m_i + gl.log2(l_safe), has, b, h0, H, split, num_splits, lse_ptr, stride_lb,
                part_lse_ptr, BLOCK_H, SPLIT)
 
 
 @gluon.jit
-def _store_o(acc, l_safe, b, h0, H, split, num_splits, out_ptr, stride_ob, stride_oh,
+def _store_o(acc, l_safe, buf, b, h0, H, split, num_splits, out_ptr, stride_ob, stride_oh,
              part_o_ptr, V0: gl.constexpr, D_V: gl.constexpr, BLOCK_H: gl.constexpr,
-             SPLIT: gl.constexpr, o_l: gl.constexpr):
-    """Stores output columns ``[V0, V0 + W)`` of a 64-head program's rows: ``acc [BLOCK_H, W]``
-    float32 in ``o_l`` divided by the row sums ``l_safe [BLOCK_H]`` (any layout), as bf16 into
-    ``out`` or, for a split, as float32 partials ``[B, H, S, D_V]``."""
-    row_o: gl.constexpr = gl.SliceLayout(1, o_l)
-    W: gl.constexpr = acc.shape[1]
-    o = acc / gl.convert_layout(l_safe, row_o)[:, None]
-    offs_h = h0 + gl.arange(0, BLOCK_H, layout=row_o)
-    offs_v = V0 + gl.arange(0, W, layout=gl.SliceLayout(0, o_l))
-    h_ok = offs_h < H
-    if SPLIT:
-        part_o = (((b * H + offs_h).to(gl.int64) * num_splits + split) * D_V)
-        gl.store(part_o_ptr + part_o[:, None] + offs_v[None, :], o, mask=h_ok[:, None])
+             SPLIT: gl.constexpr, TRANSPOSED: gl.constexpr, STAGED: gl.constexpr,
+             o_l: gl.constexpr):
+    """Stores output columns ``[V0, V0 + W)`` of a program's heads: ``acc`` float32 in ``o_l``
+    (``[BLOCK_H, W]``; ``[W, BLOCK_H]`` ``TRANSPOSED``) divided by the row sums ``l_safe
+    [BLOCK_H]`` (any layout), as bf16 into ``out [B, H, D_V]`` or, for a split, as float32
+    partials ``[B, H, S, D_V]``. ``STAGED``: through ``buf`` (shared memory of at least
+    ``BLOCK_H x W`` values of the stored type that no one reads or writes any more), so that every
+    thread stores whole 16-byte vectors along a row (a warp 512 contiguous bytes) instead of the
+    accumulator layout's 2 values (4 or 8 bytes) in 8 rows, or, transposed, single values."""
+    HA: gl.constexpr = 1 if TRANSPOSED else 0       # the heads' axis of acc
+    VA: gl.constexpr = 1 - HA                       # the V dims' axis
+    W: gl.constexpr = acc.shape[VA]
+    o = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(VA, o_l)), VA)
+    o = o.to(gl.float32 if SPLIT else gl.bfloat16)
+    if STAGED:
+        VEC: gl.constexpr = 4 if SPLIT else 8
+        NW: gl.constexpr = gl.num_warps()
+        # 16-byte groups XORed by the row (mod 8): the accumulator's 8 rows a store hit
+        # distinct banks, and a row's groups stay a permutation of themselves
+        sl: gl.constexpr = gl.SwizzledSharedLayout(VEC, 1, 8, [1, 0])
+        if _NEW_REINTERPRET:
+            stage = buf.reinterpret(o.dtype, [BLOCK_H, W], sl)
+        else:
+            stage = buf._reinterpret(o.dtype, [BLOCK_H, W], sl)
+        if TRANSPOSED:
+            stage.permute((1, 0)).store(o)
+        else:
+            stage.store(o)
+        _partition_barrier()
+        st_l: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [NW, 1], [1, 0])
+        o = stage.load(st_l)
+        offs_h = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, st_l))
+        offs_v = V0 + gl.arange(0, W, layout=gl.SliceLayout(0, st_l))
+        HA2: gl.constexpr = 0
     else:
-        o_row = out_ptr + b.to(gl.int64) * stride_ob + offs_h.to(gl.int64) * stride_oh
-        gl.store(o_row[:, None] + offs_v[None, :], o.to(gl.bfloat16), mask=h_ok[:, None])
-
-
-@gluon.jit
-def _store_o_t(acc, l_safe, b, h0, H, split, num_splits, out_ptr, stride_ob, stride_oh,
-               part_o_ptr, V0: gl.constexpr, D_V: gl.constexpr, BLOCK_H: gl.constexpr,
-               SPLIT: gl.constexpr, o_l: gl.constexpr):
-    """:func:`_store_o` for the transposed programs: ``acc [W, BLOCK_H]`` holds output columns
-    ``[V0, V0 + W)`` of the program's heads as rows."""
-    head_o: gl.constexpr = gl.SliceLayout(0, o_l)
-    W: gl.constexpr = acc.shape[0]
-    o = acc / gl.convert_layout(l_safe, head_o)[None, :]
-    offs_h = h0 + gl.arange(0, BLOCK_H, layout=head_o)
-    offs_v = V0 + gl.arange(0, W, layout=gl.SliceLayout(1, o_l))
-    h_ok = offs_h < H
+        offs_h = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(VA, o_l))
+        offs_v = V0 + gl.arange(0, W, layout=gl.SliceLayout(HA, o_l))
+        HA2: gl.constexpr = HA
     if SPLIT:
-        part_o = (((b * H + offs_h).to(gl.int64) * num_splits + split) * D_V)
-        gl.store(part_o_ptr + part_o[None, :] + offs_v[:, None], o, mask=h_ok[None, :])
+        row = part_o_ptr + ((b * H + offs_h).to(gl.int64) * num_splits + split) * D_V
     else:
-        o_col = out_ptr + b.to(gl.int64) * stride_ob + offs_h.to(gl.int64) * stride_oh
-        gl.store(o_col[None, :] + offs_v[:, None], o.to(gl.bfloat16), mask=h_ok[None, :])
+        row = out_ptr + b.to(gl.int64) * stride_ob + offs_h.to(gl.int64) * stride_oh
+    ptrs = gl.expand_dims(row, 1 - HA2) + gl.expand_dims(offs_v, HA2)
+    gl.store(ptrs, o, mask=gl.expand_dims(offs_h < H, 1 - HA2))
 
 
 @gluon.jit
@@ -501,7 +516,8 @@ def _consumer_a0(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
                  empty, deq1_done, p_ready, pv0_done, pv1_done, fin,
                  D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, SPLIT: gl.constexpr, DEQ_ROWS: gl.constexpr,
-                 deq_l: gl.constexpr, DEQ_BF16: gl.constexpr, TRANSPOSED: gl.constexpr):
+                 deq_l: gl.constexpr, DEQ_BF16: gl.constexpr, TRANSPOSED: gl.constexpr,
+                 STAGED: gl.constexpr):
     """Asymmetric fp8_ds_mla consumers, warpgroup 0 (the default partition): dequantizes tokens
     ``[0, BLOCK_N / 2)`` of each tile, computes all of the scores and the online softmax,
     hands ``P`` and the rescale factors (``stat``) to warpgroup 1 (:func:`_consumer_a1`), and
@@ -580,12 +596,9 @@ def _consumer_a0(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
     has = l_i > 0.0
     l_safe = gl.where(has, l_i, 1.0)
     _hand_row_sums(stat, l_safe, pv1_done, fin, t_begin, t_end)
-    if TRANSPOSED:
-        _store_o_t(acc, l_safe, b, h0, H, split, num_splits, out_ptr, stride_ob, stride_oh,
-                   part_o_ptr, 0, D_V, BLOCK_H, SPLIT, o_l)
-    else:
-        _store_o(acc, l_safe, b, h0, H, split, num_splits, out_ptr, stride_ob, stride_oh,
-                 part_o_ptr, 0, D_V, BLOCK_H, SPLIT, o_l)
+    # through the query block (only this warpgroup's score MMAs read it, and they are done)
+    _store_o(acc, l_safe, q_nope, b, h0, H, split, num_splits, out_ptr, stride_ob, stride_oh,
+             part_o_ptr, 0, D_V, BLOCK_H, SPLIT, TRANSPOSED, STAGED, o_l)
     _store_lse(m_i + gl.log2(l_safe), has, b, h0, H, split, num_splits, lse_ptr, stride_lb,
                part_lse_ptr, BLOCK_H, SPLIT)
 
@@ -597,7 +610,8 @@ def _consumer_a1(out_ptr, stride_ob, stride_oh, part_o_ptr,
                  deq1_done, p_ready, pv0_done, pv1_done, fin,
                  D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, SPLIT: gl.constexpr, DEQ_ROWS: gl.constexpr,
-                 deq_l: gl.constexpr, DEQ_BF16: gl.constexpr, TRANSPOSED: gl.constexpr):
+                 deq_l: gl.constexpr, DEQ_BF16: gl.constexpr, TRANSPOSED: gl.constexpr,
+                 STAGED: gl.constexpr):
     """Warpgroup 1 of the asymmetric fp8_ds_mla consumers (a worker partition; see
     :func:`_consumer_a0`): dequantizes tokens
     ``[BLOCK_N / 2, BLOCK_N)`` of each tile, then, given ``P`` (the stage's rope tile; ``P^T``
@@ -632,12 +646,10 @@ def _consumer_a1(out_ptr, stride_ob, stride_oh, part_o_ptr,
         acc = warpgroup_mma_wait(0, deps=[acc])
         _tile_done(pv1_done, empty.index(s))
     mbarrier.wait(fin, 0)
-    if TRANSPOSED:
-        _store_o_t(acc, stat.load(gl.SliceLayout(0, o_l)), b, h0, H, split, num_splits,
-                   out_ptr, stride_ob, stride_oh, part_o_ptr, D_V // 2, D_V, BLOCK_H, SPLIT, o_l)
-    else:
-        _store_o(acc, stat.load(gl.SliceLayout(1, o_l)), b, h0, H, split, num_splits, out_ptr,
-                 stride_ob, stride_oh, part_o_ptr, D_V // 2, D_V, BLOCK_H, SPLIT, o_l)
+    # through the bf16 tile: warpgroup 0 hands the row sums (fin) after its last PV MMA
+    _store_o(acc, stat.load(gl.SliceLayout(0 if TRANSPOSED else 1, o_l)), kn, b, h0, H, split,
+             num_splits, out_ptr, stride_ob, stride_oh, part_o_ptr, D_V // 2, D_V, BLOCK_H,
+             SPLIT, TRANSPOSED, STAGED, o_l)
 
 
 @gluon.jit
@@ -646,7 +658,7 @@ def _consumer_t(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stri
                 b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
                 q_nope, q_rope, kv_nope, kv_rope, p_t, q_bar, ready, empty,
                 D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
-                STAGES: gl.constexpr, SPLIT: gl.constexpr):
+                STAGES: gl.constexpr, SPLIT: gl.constexpr, STAGED: gl.constexpr):
     """The consumers for few heads (``BLOCK_H`` 16 or 32: a TP8 or TP4 shard of
     DeepSeek-V3.2's 128), everything transposed so that the tile's 64 tokens are the wgmma M:
     ``S^T = k q^T`` ``[BLOCK_N, BLOCK_H]`` with warps laid out ``[4, 2]`` (each warpgroup owns
@@ -707,8 +719,8 @@ def _consumer_t(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stri
     l_i = gl.sum(l_el, axis=0)
     has = l_i > 0.0
     l_safe = gl.where(has, l_i, 1.0)
-    _store_o_t(acc, l_safe, b, h0, H, split, num_splits, out_ptr, stride_ob, stride_oh,
-               part_o_ptr, 0, D_V, BLOCK_H, SPLIT, o_l)
+    _store_o(acc, l_safe, kv_nope, b, h0, H, split, num_splits, out_ptr, stride_ob, stride_oh,
+             part_o_ptr, 0, D_V, BLOCK_H, SPLIT, True, STAGED, o_l)
     _store_lse(m_i + gl.log2(l_safe), has, b, h0, H, split, num_splits, lse_ptr, stride_lb,
                part_lse_ptr, BLOCK_H, SPLIT)
 
@@ -719,19 +731,20 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
               b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
               q_nope, q_rope, kv_nope, kv_rope, p_t, q_bar, ready, empty,
               D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, SPLIT: gl.constexpr, TRANSPOSED: gl.constexpr):
+              STAGES: gl.constexpr, SPLIT: gl.constexpr, TRANSPOSED: gl.constexpr,
+              STAGED: gl.constexpr):
     """The consumer partition for bf16 rows: 64-head programs (:func:`_consumer_64`) or, for
     fewer heads, the transposed ones (:func:`_consumer_t`)."""
     if TRANSPOSED:
         _consumer_t(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
                     part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
                     num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, p_t, q_bar,
-                    ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT)
+                    ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, STAGED)
     else:
         _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
                      part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
                      num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, q_bar, ready,
-                     empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT)
+                     empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, STAGED)
 
 
 @gluon.jit
@@ -753,7 +766,7 @@ def _sparse_mla_decode_ws_fwd(
         DEQ_ROWS: gl.constexpr, DEQ_LAYOUT: gl.constexpr, RAW_SMEM: gl.constexpr,
         SCALE_SMEM: gl.constexpr, TRANSPOSED: gl.constexpr,
         P_COLS: gl.constexpr, DEQ_BF16: gl.constexpr,
-        A1_REGS: gl.constexpr, Q_EARLY: gl.constexpr):
+        A1_REGS: gl.constexpr, Q_EARLY: gl.constexpr, STAGED: gl.constexpr):
     pid = gl.program_id(0)
     hb = pid % num_head_blocks
     rest = pid // num_head_blocks
@@ -806,7 +819,7 @@ def _sparse_mla_decode_ws_fwd(
                             kv_nope, kv_rope, kv_raw, kv_scale, p_t, stat, q_bar, ready, empty,
                             hand.index(0), hand.index(1), hand.index(2), hand.index(3),
                             hand.index(4), D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, DEQ_ROWS,
-                            DEQ_LAYOUT, DEQ_BF16, TRANSPOSED)),
+                            DEQ_LAYOUT, DEQ_BF16, TRANSPOSED, STAGED)),
             (_producer, (q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
                          scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
                          idx_ptr, stride_ib, b, h0, H, t_begin, t_end, lim, num_slots,
@@ -818,7 +831,7 @@ def _sparse_mla_decode_ws_fwd(
                             kv_nope, kv_rope, kv_raw, kv_scale, p_t, stat, ready, empty,
                             hand.index(0), hand.index(1), hand.index(2), hand.index(3),
                             hand.index(4), D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, DEQ_ROWS,
-                            DEQ_LAYOUT, DEQ_BF16, TRANSPOSED)),
+                            DEQ_LAYOUT, DEQ_BF16, TRANSPOSED, STAGED)),
         ], [PRODUCER_WARPS, 4], [PRODUCER_REGS, A1_REGS])
     else:
         gl.warp_specialize([
@@ -826,7 +839,7 @@ def _sparse_mla_decode_ws_fwd(
                          part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end,
                          lim, num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope,
                          p_t, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT,
-                         TRANSPOSED)),
+                         TRANSPOSED, STAGED)),
             (_producer, (q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
                          scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
                          idx_ptr, stride_ib, b, h0, H, t_begin, t_end, lim, num_slots,
@@ -976,6 +989,10 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
                 SCALE_LAYOUT=gl.BlockedLayout([1, 1], [32 // tpw_g, tpw_g],
                                               [_PRODUCER_WARPS, 1], [1, 0]),
                 DEQ_ROWS=_DEQ_ROWS, DEQ_BF16=_DEQ_BF16, A1_REGS=_A1_REGS, Q_EARLY=_Q_EARLY,
+                # bf16 rows, 64 heads, a split: the float32 partials (128 KB) go through the
+                # stages, so only where there are two
+                STAGED=_STAGED_STORE and (kind == "fp8_ds_mla" or block_h < WS_BLOCK_H
+                                          or not split or stages >= 2),
                 DEQ_LAYOUT=gl.BlockedLayout([1, 1, 16], [8, 1, 4], [2, 1, 2], [2, 0, 1]),
                 RAW_SMEM=gl.SwizzledSharedLayout(16, 1, 8, [2, 0, 1]),
                 SCALE_SMEM=gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
