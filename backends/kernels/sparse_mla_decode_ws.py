@@ -112,9 +112,12 @@ _A1_REGS = 208
 #: the producer issues the first tiles' copies without waiting for the query block's (which
 #: arrive on their own mbarrier), so its load overlaps the first gather
 _Q_EARLY = True
-#: the output (bf16) or a split's float32 partials stored through shared memory that the
-#: program is done with, 16 bytes a thread along a row (:func:`_store_o`), not from the
-#: accumulator's layout
+#: the bf16 output stored through shared memory that the program is done with, 16 bytes a
+#: thread along a row (:func:`_store_o`), not 4 bytes a thread (half a sector) from the
+#: accumulator's layout: B128 H128 fp8 210.0 / 210.3 us against 212.8 / 214.1, bf16 183.1 /
+#: 184.1 against 191.2 / 192.1 (BENCHMARKS 6t). A split's float32 partials stay stored from the
+#: accumulator's layout (8 bytes a thread, whole sectors): staged they were 0.1-1.8 us slower at
+#: B1-B8 (the 128 KB round trip through shared memory a program)
 _STAGED_STORE = True
 #: registers per thread of the whole program: 12 warps x 32 x 168 <= 64 K; the consumers get
 #: (168 * 12 - 48 * 4) / 8 = 228 rounded down to setmaxnreg's multiple of 8: 224 (the PTX's
@@ -436,17 +439,18 @@ def _store_o(acc, l_safe, buf, b, h0, H, split, num_splits, out_ptr, stride_ob, 
     """Stores output columns ``[V0, V0 + W)`` of a program's heads: ``acc`` float32 in ``o_l``
     (``[BLOCK_H, W]``; ``[W, BLOCK_H]`` ``TRANSPOSED``) divided by the row sums ``l_safe
     [BLOCK_H]`` (any layout), as bf16 into ``out [B, H, D_V]`` or, for a split, as float32
-    partials ``[B, H, S, D_V]``. ``STAGED``: through ``buf`` (shared memory of at least
-    ``BLOCK_H x W`` values of the stored type that no one reads or writes any more), so that every
-    thread stores whole 16-byte vectors along a row (a warp 512 contiguous bytes) instead of the
-    accumulator layout's 2 values (4 or 8 bytes) in 8 rows, or, transposed, single values."""
+    partials ``[B, H, S, D_V]``. ``STAGED`` (the bf16 output only): through ``buf`` (shared
+    memory of at least ``BLOCK_H x W`` bf16 that no one reads or writes any more), so that
+    every thread stores whole 16-byte vectors along a row (a warp 512 contiguous bytes) instead
+    of the accumulator layout's 2 values (4 bytes, half a sector) in 8 rows."""
     HA: gl.constexpr = 1 if TRANSPOSED else 0       # the heads' axis of acc
     VA: gl.constexpr = 1 - HA                       # the V dims' axis
     W: gl.constexpr = acc.shape[VA]
     o = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(VA, o_l)), VA)
     o = o.to(gl.float32 if SPLIT else gl.bfloat16)
     if STAGED:
-        VEC: gl.constexpr = 4 if SPLIT else 8
+        gl.static_assert(not SPLIT, "the float32 partials are stored from the accumulator")
+        VEC: gl.constexpr = 8
         NW: gl.constexpr = gl.num_warps()
         # 16-byte groups XORed by the row (mod 8): the accumulator's 8 rows a store hit
         # distinct banks, and a row's groups stay a permutation of themselves
@@ -464,17 +468,17 @@ def _store_o(acc, l_safe, buf, b, h0, H, split, num_splits, out_ptr, stride_ob, 
         o = stage.load(st_l)
         offs_h = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, st_l))
         offs_v = V0 + gl.arange(0, W, layout=gl.SliceLayout(0, st_l))
-        HA2: gl.constexpr = 0
+        HS: gl.constexpr = 0                        # the heads' axis of what is stored
     else:
         offs_h = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(VA, o_l))
         offs_v = V0 + gl.arange(0, W, layout=gl.SliceLayout(HA, o_l))
-        HA2: gl.constexpr = HA
+        HS: gl.constexpr = HA
     if SPLIT:
         row = part_o_ptr + ((b * H + offs_h).to(gl.int64) * num_splits + split) * D_V
     else:
         row = out_ptr + b.to(gl.int64) * stride_ob + offs_h.to(gl.int64) * stride_oh
-    ptrs = gl.expand_dims(row, 1 - HA2) + gl.expand_dims(offs_v, HA2)
-    gl.store(ptrs, o, mask=gl.expand_dims(offs_h < H, 1 - HA2))
+    ptrs = gl.expand_dims(row, 1 - HS) + gl.expand_dims(offs_v, HS)
+    gl.store(ptrs, o, mask=gl.expand_dims(offs_h < H, 1 - HS))
 
 
 @gluon.jit
@@ -989,10 +993,7 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
                 SCALE_LAYOUT=gl.BlockedLayout([1, 1], [32 // tpw_g, tpw_g],
                                               [_PRODUCER_WARPS, 1], [1, 0]),
                 DEQ_ROWS=_DEQ_ROWS, DEQ_BF16=_DEQ_BF16, A1_REGS=_A1_REGS, Q_EARLY=_Q_EARLY,
-                # bf16 rows, 64 heads, a split: the float32 partials (128 KB) go through the
-                # stages, so only where there are two
-                STAGED=_STAGED_STORE and (kind == "fp8_ds_mla" or block_h < WS_BLOCK_H
-                                          or not split or stages >= 2),
+                STAGED=_STAGED_STORE and not split,
                 DEQ_LAYOUT=gl.BlockedLayout([1, 1, 16], [8, 1, 4], [2, 1, 2], [2, 0, 1]),
                 RAW_SMEM=gl.SwizzledSharedLayout(16, 1, 8, [2, 0, 1]),
                 SCALE_SMEM=gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
