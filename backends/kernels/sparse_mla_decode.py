@@ -337,13 +337,9 @@ def _sparse_mla_decode_combine(
     lse_ptr, stride_lb,                     # lse [B, H] fp32
     H, num_splits,
     D_V: tl.constexpr, S_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
-    WAIT_PRIOR: tl.constexpr = False,
 ):
     """One program per (batch row x head, ``BLOCK_D`` columns of V): every split's partial of
-    those columns loaded at once (``[S_PAD, BLOCK_D]``), weighted by ``exp(lse_s - max)``.
-    ``WAIT_PRIOR``: launched with ``launch_pdl``, it waits for the decode's writes first."""
-    if WAIT_PRIOR:
-        tl.extra.cuda.gdc_wait()
+    those columns loaded at once (``[S_PAD, BLOCK_D]``), weighted by ``exp(lse_s - max)``."""
     pid = tl.program_id(0)                  # = b * H + h
     b = pid // H
     h = pid % H
@@ -665,11 +661,12 @@ def plan_splits(q: torch.Tensor, top_k: int, num_slots: int, d_v: int, block_h: 
 
 #: float32 partial values one combine program loads at once (32 a thread at 4 warps)
 _COMBINE_ELEMS = 4096
-_COMBINE_WARPS = 4
+#: warps of a combine program of at most 8 splits (A/B in device call f7)
+_COMBINE_WARPS_FEW = 8
 
 
 def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor,
-                   lse: torch.Tensor, *, pdl: bool = False) -> None:
+                   lse: torch.Tensor) -> None:
     """Merges per-split partials ``part_o [B, H, S, d_v]`` (normalised o) and ``part_lse
     [B, H, S]`` (natural log, -inf for an empty split), fp32 contiguous, into ``out [B, H, d_v]``
     bf16 and ``lse [B, H]`` fp32 (``+inf`` and 0 where every split is empty). Measured on the
@@ -682,14 +679,13 @@ def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
     s_pad = triton.next_power_of_2(num_splits)
     # every split's columns at once: at most _COMBINE_ELEMS float32 values a program
     block_d = max(16, min(triton.next_power_of_2(d_v), _COMBINE_ELEMS // s_pad))
-    extra = dict(WAIT_PRIOR=True, launch_pdl=True) if pdl and not _interpreting() else {}
     _sparse_mla_decode_combine[(bsz * num_heads, triton.cdiv(d_v, block_d))](
         part_o, part_lse,
         out, out.stride(0), out.stride(1),
         lse, lse.stride(0),
         num_heads, num_splits,
         D_V=d_v, S_PAD=s_pad, BLOCK_D=block_d,
-        num_warps=_COMBINE_WARPS, **extra,
+        num_warps=_COMBINE_WARPS_FEW if s_pad <= 8 else 4,
     )
 
 

@@ -119,9 +119,6 @@ _Q_EARLY = True
 #: accumulator's layout (8 bytes a thread, whole sectors): staged they were 0.1-1.8 us slower at
 #: B1-B8 (the 128 KB round trip through shared memory a program)
 _STAGED_STORE = True
-#: A/B switch (device call f6): the split combine launched as a programmatic dependent of the
-#: decode, which triggers it first thing
-_PDL_COMBINE = False
 #: registers per thread of the whole program: 12 warps x 32 x 168 <= 64 K; the consumers get
 #: (168 * 12 - 48 * 4) / 8 = 228 rounded down to setmaxnreg's multiple of 8: 224 (the PTX's
 #: setmaxnreg). ptxas 12.8 (Triton 3.6) for sm_90a: no spills for bf16 rows, 20 bytes for
@@ -773,11 +770,7 @@ def _sparse_mla_decode_ws_fwd(
         DEQ_ROWS: gl.constexpr, DEQ_LAYOUT: gl.constexpr, RAW_SMEM: gl.constexpr,
         SCALE_SMEM: gl.constexpr, TRANSPOSED: gl.constexpr,
         P_COLS: gl.constexpr, DEQ_BF16: gl.constexpr,
-        A1_REGS: gl.constexpr, Q_EARLY: gl.constexpr, STAGED: gl.constexpr,
-        LAUNCH_DEPENDENTS: gl.constexpr):
-    if LAUNCH_DEPENDENTS:
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [],
-                                  dtype=gl.int32, is_pure=False, pack=1)
+        A1_REGS: gl.constexpr, Q_EARLY: gl.constexpr, STAGED: gl.constexpr):
     pid = gl.program_id(0)
     hb = pid % num_head_blocks
     rest = pid // num_head_blocks
@@ -970,7 +963,7 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
         num_warps=4 if kind == "fp8_ds_mla" else 8, maxnreg=_MAXNREG,
     )
     if num_splits > 1:
-        combine_splits(part_o, part_lse, out, lse, pdl=_PDL_COMBINE)
+        combine_splits(part_o, part_lse, out, lse)
     n_regs, n_spills = getattr(kernel, "n_regs", None), getattr(kernel, "n_spills", None)
     return out, lse, replace(info, n_regs=None if n_regs is None else int(n_regs),
                              n_spills=None if n_spills is None else int(n_spills),
@@ -1000,7 +993,7 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
                 SCALE_LAYOUT=gl.BlockedLayout([1, 1], [32 // tpw_g, tpw_g],
                                               [_PRODUCER_WARPS, 1], [1, 0]),
                 DEQ_ROWS=_DEQ_ROWS, DEQ_BF16=_DEQ_BF16, A1_REGS=_A1_REGS, Q_EARLY=_Q_EARLY,
-                STAGED=_STAGED_STORE and not split, LAUNCH_DEPENDENTS=_PDL_COMBINE and split,
+                STAGED=_STAGED_STORE and not split,
                 DEQ_LAYOUT=gl.BlockedLayout([1, 1, 16], [8, 1, 4], [2, 1, 2], [2, 0, 1]),
                 RAW_SMEM=gl.SwizzledSharedLayout(16, 1, 8, [2, 0, 1]),
                 SCALE_SMEM=gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
