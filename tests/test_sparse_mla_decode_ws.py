@@ -214,6 +214,7 @@ for kind in ("bf16", "fp8_ds_mla"):
     out[kind] = {"bar_before_p": sum("bar.sync" in l for l in lines[wait:p_store]),
                  "shared": k.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
                  "cp_async": ptx.count("cp.async.cg") + ptx.count("cp.async.ca"),
+                 "st_global": ptx.count("st.global"), "st_global_v4": ptx.count("st.global.v4"),
                  "maxnreg": sorted(set(l.split()[0] for l in ptx.splitlines() if "setmaxnreg" in l))}
 print(json.dumps(out))
 """
@@ -229,7 +230,9 @@ def test_compiles_for_sm90_within_shared_memory():
     still read, so the partition-wide barrier of the cross-warpgroup row max must stand
     between the score MMAs' wait and P's store (the kernel relies on it, as it ran on the
     H200). fp8_ds_mla rows (the asymmetric consumers): the 36 score k-steps in warpgroup 0
-    alone, 4 PV k-steps in each warpgroup, 44 a tile."""
+    alone, 4 PV k-steps in each warpgroup, 44 a tile. The bf16 output goes through shared
+    memory and out as 16-byte vectors (64 x 512 bf16 over 256 consumer threads: 16 vector
+    stores a thread), so the only other global stores are the LSE's."""
     from tests.test_sparse_mla_decode import _H200_SMEM, _compile_report
     rep = _compile_report(_WS_COMPILE)
     for kind, r in rep.items():
@@ -238,6 +241,7 @@ def test_compiles_for_sm90_within_shared_memory():
         assert kind != "bf16" or r["bar_before_p"] >= 1, (kind, r)
         assert {"setmaxnreg.dec.sync.aligned.u32", "setmaxnreg.inc.sync.aligned.u32"} <= set(r["maxnreg"]), r
         assert 2 * (64 * 576 * 2) < r["shared"] <= _H200_SMEM, (kind, r)
+        assert r["st_global_v4"] >= 16 and r["st_global"] - r["st_global_v4"] <= 2, (kind, r)
 
 
 # ------------------------------- GPU (Hopper) -------------------------------

@@ -661,8 +661,6 @@ def plan_splits(q: torch.Tensor, top_k: int, num_slots: int, d_v: int, block_h: 
 
 #: float32 partial values one combine program loads at once (32 a thread at 4 warps)
 _COMBINE_ELEMS = 4096
-#: warps of a combine program of at most 8 splits (A/B in device call f7)
-_COMBINE_WARPS_FEW = 8
 
 
 def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor,
@@ -673,8 +671,9 @@ def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
     H200 (BENCHMARKS 6q, fp8_ds_mla rows, H128 top_k 2048): the combine alone 9.0 / 7.8 / 10.3 /
     9.8 us at B1 / 2 / 4 / 8 against 13.5 / 9.8 / 11.6 / 10.3 with a loop over the splits, the
     decodes 0.9-1.4 us faster at B4 and B8; launched as a programmatic dependent of the decode
-    it saved up to 1 us at B1-2 and cost up to 1.9 at B4 (calls c2, c3), so it is a plain
-    launch."""
+    it saved up to 1 us at B1-2 and cost up to 1.9 at B4 (calls c2, c3), and -0.5 to +0.2 us
+    at B1-B8 when re-measured (BENCHMARKS 6t), so it is a plain launch; 8 warps a program
+    instead of 4 was within the spread at 2-16 splits (6t)."""
     bsz, num_heads, num_splits, d_v = part_o.shape
     s_pad = triton.next_power_of_2(num_splits)
     # every split's columns at once: at most _COMBINE_ELEMS float32 values a program
@@ -685,7 +684,7 @@ def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
         lse, lse.stride(0),
         num_heads, num_splits,
         D_V=d_v, S_PAD=s_pad, BLOCK_D=block_d,
-        num_warps=_COMBINE_WARPS_FEW if s_pad <= 8 else 4,
+        num_warps=4,
     )
 
 
