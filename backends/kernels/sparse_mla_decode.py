@@ -337,12 +337,9 @@ def _sparse_mla_decode_combine(
     lse_ptr, stride_lb,                     # lse [B, H] fp32
     H, num_splits,
     D_V: tl.constexpr, S_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
-    UNROLLED: tl.constexpr = False,
 ):
     """One program per (batch row x head, ``BLOCK_D`` columns of V): every split's partial of
-    those columns loaded at once (``[S_PAD, BLOCK_D]``), weighted by ``exp(lse_s - max)``.
-    ``UNROLLED``: the splits one ``[BLOCK_D]`` row at a time in an unrolled loop (every load
-    independent of the others), so the sum over the splits stays inside a thread."""
+    those columns loaded at once (``[S_PAD, BLOCK_D]``), weighted by ``exp(lse_s - max)``."""
     pid = tl.program_id(0)                  # = b * H + h
     b = pid // H
     h = pid % H
@@ -352,28 +349,14 @@ def _sparse_mla_decode_combine(
     offs_v = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     v_ok = offs_v < D_V
     lse_s = tl.load(part_lse_ptr + base + offs_s, mask=s_ok, other=float("-inf"))
+    o = tl.load(part_o_ptr + (base + offs_s)[:, None] * D_V + offs_v[None, :],
+                mask=s_ok[:, None] & v_ok[None, :], other=0.0)
     m = tl.max(lse_s, 0)
     m_use = tl.where(m == float("-inf"), 0.0, m)
-    if UNROLLED:
-        acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-        total = 0.0
-        for s in tl.static_range(S_PAD):
-            ok = num_splits > s
-            o_s = tl.load(part_o_ptr + (base + s) * D_V + offs_v,
-                          mask=v_ok & (offs_v * 0 + s < num_splits), other=0.0)
-            l_s = tl.load(part_lse_ptr + base + tl.minimum(num_splits - 1, s))
-            w_s = tl.where(ok, tl.exp(l_s - m_use), 0.0)
-            acc += w_s * o_s
-            total += w_s
-        has = total > 0.0
-        out = acc / tl.where(has, total, 1.0)
-    else:
-        o = tl.load(part_o_ptr + (base + offs_s)[:, None] * D_V + offs_v[None, :],
-                    mask=s_ok[:, None] & v_ok[None, :], other=0.0)
-        w = tl.exp(lse_s - m_use)
-        total = tl.sum(w, 0)
-        has = total > 0.0
-        out = tl.sum(w[:, None] * o, 0) / tl.where(has, total, 1.0)
+    w = tl.exp(lse_s - m_use)
+    total = tl.sum(w, 0)
+    has = total > 0.0
+    out = tl.sum(w[:, None] * o, 0) / tl.where(has, total, 1.0)
     tl.store(out_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + offs_v,
              out.to(out_ptr.dtype.element_ty), mask=v_ok)
     if tl.program_id(1) == 0:
@@ -678,8 +661,6 @@ def plan_splits(q: torch.Tensor, top_k: int, num_slots: int, d_v: int, block_h: 
 
 #: float32 partial values one combine program loads at once (32 a thread at 4 warps)
 _COMBINE_ELEMS = 4096
-#: A/B switch (device call f8): the splits in an unrolled loop, a row a program
-_COMBINE_UNROLLED = False
 
 
 def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor,
@@ -692,22 +673,19 @@ def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
     decodes 0.9-1.4 us faster at B4 and B8; launched as a programmatic dependent of the decode
     it saved up to 1 us at B1-2 and cost up to 1.9 at B4 (calls c2, c3), and -0.5 to +0.2 us
     at B1-B8 when re-measured (BENCHMARKS 6t), so it is a plain launch; 8 warps a program
-    instead of 4 was within the spread at 2-16 splits (6t)."""
+    instead of 4 was within the spread at 2-16 splits, and the splits summed a row a program in
+    an unrolled loop (no cross-warp sum) 0.9 us faster to 2.9 us slower at B1-B32 (6t)."""
     bsz, num_heads, num_splits, d_v = part_o.shape
     s_pad = triton.next_power_of_2(num_splits)
     # every split's columns at once: at most _COMBINE_ELEMS float32 values a program
     block_d = max(16, min(triton.next_power_of_2(d_v), _COMBINE_ELEMS // s_pad))
-    warps = 4
-    if _COMBINE_UNROLLED:      # a row a program, 4 columns a thread
-        block_d = max(16, min(triton.next_power_of_2(d_v), 512))
-        warps = max(1, block_d // 128)
     _sparse_mla_decode_combine[(bsz * num_heads, triton.cdiv(d_v, block_d))](
         part_o, part_lse,
         out, out.stride(0), out.stride(1),
         lse, lse.stride(0),
         num_heads, num_splits,
-        D_V=d_v, S_PAD=s_pad, BLOCK_D=block_d, UNROLLED=_COMBINE_UNROLLED,
-        num_warps=warps,
+        D_V=d_v, S_PAD=s_pad, BLOCK_D=block_d,
+        num_warps=4,
     )
 
 
