@@ -5,5 +5,6 @@
 set -u
 mkdir -p $OUT
 SECONDS=0
-timeout 170 python3 -m pytest -q -m "not gpu" -n 14 -p no:cacheprovider tests > $OUT/cpu_tests_on_gpu.txt 2>&1
+N=""; python3 -c "import xdist" 2>/dev/null && N="-n 14"; echo "xdist: ${N:-none}"
+timeout 170 python3 -m pytest -q -m "not gpu" $N -p no:cacheprovider tests > $OUT/cpu_tests_on_gpu.txt 2>&1
 echo "rc=$? s=$SECONDS"; grep -E "^FAILED|^ERROR|passed|failed" $OUT/cpu_tests_on_gpu.txt | tail -25
