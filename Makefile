@@ -1,7 +1,9 @@
 # Two commands do all set-up on a fresh machine:
 #   make run   - creates .venv when missing, installs the project, runs the default sweep and
 #                writes results + a report under results/
-#   make test  - same set-up, runs the test suite
+#   make test  - same set-up, runs the test suite: the CPU suite, the same on every machine
+#                (GPUs hidden, kernels through the Triton interpreter: tests/conftest.py; CI)
+#   make test-gpu - the gpu-marked tests on this machine's GPU (real kernels; needs CUDA)
 # Without an NVIDIA GPU the set-up installs a CPU build of torch (torch==2.13.0, a file on this
 # kind of machine's disk) instead of a multi-GB CUDA build, and the runs use the Triton interpreter.
 
@@ -18,7 +20,7 @@ PYTEST_ARGS ?=
 # in one process
 PYTEST_XDIST ?= -n 2 --dist loadfile
 
-.PHONY: run test setup clean-venv
+.PHONY: run test test-gpu setup clean-venv
 
 setup: $(STAMP)
 
@@ -32,8 +34,13 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/python -m harness +sweep=$(SWEEP)
 
+# the CPU suite hides the GPUs itself (tests/conftest.py)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_XDIST) $(PYTEST_ARGS)
+
+# one process: the GPU tests time kernels and share the GPU
+test-gpu: $(STAMP)
+	$(BIN)/python -m pytest -q -m gpu $(PYTEST_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

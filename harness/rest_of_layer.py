@@ -411,7 +411,7 @@ class ExpertBatch:
     segments: Tuple[Tuple[int, int, int], ...]
 
 
-def _probe_scaled_mm(device: torch.device) -> None:
+def check_scaled_mm(device: torch.device) -> None:
     """Raises ``ValueError`` when ``torch._scaled_mm`` with row-wise scales does not run on ``device``."""
     try:
         a = torch.ones(16, 32, device=device).to(FP8)
@@ -443,7 +443,7 @@ class RestOfLayer(RestOfLayerPlan):
                          seed=seed)
         self.device = torch.device(device)
         if weight_dtype == "fp8":
-            _probe_scaled_mm(self.device)
+            check_scaled_mm(self.device)
         self.gemm = "scaled_mm_fp8_rowwise" if weight_dtype == "fp8" else "matmul_bf16"
         gen = torch.Generator(device=self.device).manual_seed(seed)
         s = self.shapes
