@@ -53,11 +53,18 @@ that path, as FlashMLA's producer warps do:
   The stage goes back to the producer (``empty``); the row sums are accumulated per element
   and reduced once at the end.
 
+* **the output** (:func:`_store_o`): without a split, each warpgroup writes its bf16 rows into
+  shared memory it is done with (warpgroup 0 the query block; warpgroup 1 the bf16 tile once
+  warpgroup 0 has handed the row sums, after its last PV MMA; the bf16 consumers the stages)
+  and stores them as 16-byte vectors along a row; a split's float32 partials go straight from
+  the accumulator (8 bytes a thread, whole sectors). B128 H128 fp8 210 us against 213 stored
+  from the accumulator, bf16 184 against 192 (BENCHMARKS 6t).
+
 Shared memory (:func:`shared_memory_bytes`): the query block (72 KB at 64 heads, d_qk 576),
 512 bytes of slot ids, and ``stages`` stages of 64 tokens (bf16 rows: 72 KB each; fp8_ds_mla
 rows: 41 KB as stored, plus one 64 KB bf16 tile), of the 227 KB a program may have: two
 stages at 64 heads, three for fp8_ds_mla rows in 16-head programs (the default: the most that
-fit, at most 3). Measured on the H200 and why it is where it is: BENCHMARKS 6o-6r.
+fit, at most 3). Measured on the H200 and why it is where it is: BENCHMARKS 6o-6t.
 """
 from __future__ import annotations
 
