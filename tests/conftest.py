@@ -50,7 +50,7 @@ def pytest_configure(config):
     global GPU_SUITE, HID_GPUS
     GPU_SUITE = selects_gpu_suite(config.getoption("markexpr", "") or "")
     if not GPU_SUITE:
-        HID_GPUS = os.environ.get("CUDA_VISIBLE_DEVICES") != "" and _driver_sees_a_gpu()
+        HID_GPUS = _driver_sees_a_gpu()
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
         os.environ["TRITON_INTERPRET"] = "1"
 
@@ -64,13 +64,8 @@ def _driver_sees_a_gpu() -> bool:
 def pytest_collection_modifyitems(config, items):
     if GPU_SUITE and torch.cuda.is_available():
         return
-    if GPU_SUITE:
-        reason = "needs CUDA (GPU test)"
-    elif HID_GPUS:
-        reason = "GPU test: run the GPU suite with -m gpu (make test-gpu); this run hides the GPUs"
-    else:
-        reason = "needs CUDA (GPU test)"
-    skip = pytest.mark.skip(reason=reason)
+    skip = pytest.mark.skip(reason="GPU test: run the GPU suite with -m gpu (make test-gpu); this "
+                                   "run hides the GPUs" if HID_GPUS else "needs CUDA (GPU test)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

@@ -118,8 +118,6 @@ def test_uva_copy_only_between_one_device_and_contiguous_page_locked_memory():
 @pytest.mark.gpu
 def test_copy_pool_rows_with_strided_pools_on_the_gpu():
     """A strided device ``dst`` and a strided page-locked ``src`` give the CPU's result."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA (GPU test)")
     g = torch.Generator().manual_seed(6)
     rng = np.random.default_rng(6)
     big = HostRows((400, 656), "pinned").tensor
@@ -161,8 +159,6 @@ def test_copy_pool_rows_between_the_gpu_and_every_host_pool(alloc):
     """Device rows into a page-locked pool (the fill) and pool rows into device rows (the hot
     buffers' set-up), by the UVA kernel: each equals the same copy done on the CPU (untouched
     rows kept), readable by the CPU right after the call."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA (GPU test)")
     g = torch.Generator().manual_seed(5)
     rng = np.random.default_rng(5)
     pool = HostRows((50000, 656), alloc).tensor
@@ -222,8 +218,6 @@ def test_every_host_pool_on_the_gpu_serves_the_same_rows():
     """On CUDA (host memory read in place over UVA by the copy kernel): the same steps over a
     pinned, a registered and a THP pool give the same slot tables, counts and device rows, and
     every device row is the selected host row."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA (GPU test)")
     rng = np.random.default_rng(11)
     K, D, S, B = 256, 512, 20000, 8
     kw = dict(num_layers=1, max_requests=B, max_seq_len=S + 16, row_bytes=656, top_k=K,

@@ -312,11 +312,14 @@ def test_tma_by_default_only_where_it_works():
     assert IndexerLaunch().use_tma(cpu, supported=True) is False
     assert IndexerLaunch(tma=True).use_tma(cpu, supported=False) is True
     assert IndexerLaunch(tma=False).use_tma(cpu, supported=True) is False
-    if torch.cuda.is_available():
-        dev = torch.device("cuda")
-        want = torch.cuda.get_device_capability(dev)[0] >= 9
-        assert IndexerLaunch().use_tma(dev, supported=True) is want
-        assert IndexerLaunch().use_tma(dev, supported=False) is False
+
+
+@pytest.mark.gpu
+def test_tma_by_default_on_cuda_of_capability_9():
+    dev = torch.device("cuda")
+    want = torch.cuda.get_device_capability(dev)[0] >= 9
+    assert IndexerLaunch().use_tma(dev, supported=True) is want
+    assert IndexerLaunch().use_tma(dev, supported=False) is False
 
 
 # ----------------------------------------------------------------------------------------------

@@ -41,13 +41,6 @@ def rows(sweep_dir: Path) -> pd.DataFrame:
     return df.set_index("point").sort_index()
 
 
-#: the simulated-slot tests run their points on the CPU (Triton's interpreter); on a GPU machine
-#: the real launcher is tested instead (test_local_gpus_on_the_gpus_gives_the_sequential_rows)
-simulated_slots = pytest.mark.skipif(
-    __import__("torch").cuda.is_available(),
-    reason="simulated slots are the CPU's; the GPU machine runs the real-launcher test")
-
-
 @pytest.fixture(scope="module")
 def sequential(tmp_path_factory):
     """SWEEP through the sequential launcher: the rows both parallel launchers must give (one
@@ -58,7 +51,6 @@ def sequential(tmp_path_factory):
     return d
 
 
-@simulated_slots
 def test_local_gpus_gives_the_sequential_rows_each_point_on_its_own_slot(tmp_path, sequential):
     par = harness(*SWEEP, "report=true", f"hydra.sweep.dir={tmp_path / 'par'}",
                   "hydra/launcher=local_gpus", "hydra.launcher.gpus=2")
@@ -80,7 +72,6 @@ def test_local_gpus_gives_the_sequential_rows_each_point_on_its_own_slot(tmp_pat
     assert lock_files == ["slot-0.lock", "slot-1.lock"]
 
 
-@simulated_slots
 def test_submitit_local_gives_the_sequential_rows(tmp_path, sequential):
     """The same 4-point sweep through hydra-submitit-launcher's local executor (each point a
     submitit job in a process of its own): the sequential launcher's rows, the report once."""
@@ -98,7 +89,6 @@ def test_submitit_local_gives_the_sequential_rows(tmp_path, sequential):
     assert out.count(f"report: {tmp_path / 'sub'}") == 1, out[-3000:]
 
 
-@simulated_slots
 def test_local_gpus_with_one_slot_runs_in_the_sweep_process(tmp_path):
     """Default ``gpus`` on the CPU: one simulated slot, joblib runs the points inline."""
     r = harness("-m", "top_k=16,32", "device=cpu", "model=tiny", "context_len=64", "steps=2",

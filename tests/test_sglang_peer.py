@@ -9,7 +9,6 @@ running traces diverge), our coordinator equals upstream's model free running fo
 the model standing in for the kernel. The build (nvcc, no GPU) runs when the upstream sources
 are staged. GPU: upstream's compiled kernel against our coordinator, in lockstep and free running.
 """
-import os
 import shutil
 
 import numpy as np
@@ -168,13 +167,6 @@ def test_upstream_model_refuses_duplicates_and_keeps_untouched_outputs():
 
 
 # ------------------------------------------------------------------ the peer pipeline on CPU
-#: tests that run our coordinator on CPU tensors (its Triton kernels through the interpreter,
-#: which the test set-up turns on only on a machine without CUDA)
-_CPU_COORDINATOR = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                      reason="our coordinator on CPU tensors needs "
-                                             "TRITON_INTERPRET=1")
-
-
 def _pair(device, *, L=2, R=3, max_seq=96, row_bytes=16, K=8, D=24, P=4, seed=0,
           resolve_kernel="triton"):
     """Ours and the peer's pools: same config, seed and host KV, hence identical pools; ours
@@ -220,7 +212,6 @@ def _lockstep_peer(ours, pools, peer, kv, reqs, lens, steps, seed, dtype=torch.i
     return totals
 
 
-@_CPU_COORDINATOR
 def test_peer_pipeline_with_model_kernel_against_coordinator():
     ours, pools, kv = _pair("cpu")
     peer = sm.modelled_peer(pools)
@@ -343,7 +334,6 @@ def _free_running_vs_upstream(device, make_peer, steps=50, seed=11, resolve_kern
     assert long_hits >= 2 * steps            # every long row of every step had >= 2 hits
 
 
-@_CPU_COORDINATOR
 def test_free_running_50_steps_equal_upstream_model():
     """CPU: our coordinator against upstream's policy (``UpstreamHotBuffer`` standing in for
     the kernel through ``ModelSwapInKernel``), free running."""
@@ -390,7 +380,6 @@ def test_config_limits_and_smem():
     assert "-DPEER_TOP_K=2048" in cmd and "-DPEER_HOT_BUFFER=4096" in cmd
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
 def test_without_cuda_peer_unavailable():
     c = HiSparseCoordinator(num_layers=1, max_requests=1, max_seq_len=32, row_bytes=16, top_k=4,
                             device_buffer_size=8, page_size=4, device="cpu")
@@ -418,9 +407,8 @@ def test_build_and_load_without_gpu(tmp_path):
     usage = sp.ptxas_usage(lib.with_suffix(".log").read_text())
     assert len(usage) == 16 and all(u["registers"] for u in usage)
     assert sp.build_library(cfg, arch="90a", build_dir=tmp_path) == lib   # reused, no rebuild
-    if not torch.cuda.is_available():
-        with pytest.raises(PeerUnavailable):
-            k.kernel_attrs()
+    with pytest.raises(PeerUnavailable):
+        k.kernel_attrs()
 
 
 # ------------------------------------------------------------------ GPU: the real kernel

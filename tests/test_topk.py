@@ -701,8 +701,6 @@ def test_select_chunk_search_many_chunks(n_chunks, monkeypatch):
     (``MAX_CHUNKS`` = 65535: CHUNKS = 2^16, all 16 halvings) and at 40000: 24 candidates
     scattered over a row of 16-element chunks (the scan is a torch stand-in; the select kernel
     is the real one); the stable-sort reference's result. One chunk more is refused."""
-    if torch.cuda.is_available():
-        pytest.skip("a 2^17-element chunk vector in one program: interpreter only")
     _fake_scan(monkeypatch, target_rank=24)
     k, cs = 16, 16
     L = n_chunks * cs
@@ -730,8 +728,6 @@ def test_select_fast_path_and_chunk_search_edges(radix_bits, monkeypatch):
     beyond k (20 equal candidates; 10 above and 12 at ``T`` across chunks), candidates only in
     the first / last chunks (empty chunks at either end), a row of 7 chunks among 13 (CHUNKS 16),
     and a direct all-equal row of 40 (n_ge = -1, total > k: the tie path)."""
-    if torch.cuda.is_available():
-        pytest.skip("the stand-in scan is for the interpreter")
     _fake_scan(monkeypatch, target_rank=16)
     k, N = 16, 200
     g = torch.Generator().manual_seed(11)
