@@ -17,7 +17,7 @@ from backends import BACKENDS
 from backends.flashmla_sparse import FlashMLASparseBackend
 from backends.hisparse import EXTEND_UNSUPPORTED as HISPARSE_INVALID
 from backends.kernels.indexer import pad_index_heads
-from backends.kernels.ragged_gather import ragged_gather
+from backends.kernels.ragged_gather import ragged_gather, row_alignment
 from harness.runner import run_point
 from harness.scenarios.extend import (ExtendWorkload, check_topk, ragged_gather_ref, reference_attention,
                                       reference_logits, selected_positions, shared_block_table)
@@ -147,6 +147,49 @@ def test_gather_matches_bruteforce(kv_dtype, device):
     else:  # fp8 * scale rounded to bf16: round-to-nearest on the GPU; the interpreter may differ by 1 ulp
         ulp = (got[:, :m.d_nope].view(torch.int16).int() - want[:, :m.d_nope].view(torch.int16).int()).abs()
         assert int(ulp.max()) <= 1
+
+
+def test_row_alignment_is_the_largest_power_of_two_dividing_every_term():
+    assert row_alignment(392) == 8 and row_alignment(656) == 16 and row_alignment(98, 64) == 2
+    assert row_alignment(196, 132) == 4 and row_alignment(320, 256) == 16
+    assert row_alignment(0, 0) == 16 and row_alignment(7) == 1 and row_alignment(48, 24) == 8
+
+
+_GATHER_LOADS = r"""
+import inspect, json, re
+from backends.kernels import ragged_gather as rg
+src, first = inspect.getsourcelines(rg._ragged_gather_kernel.fn)
+# the KV rows' loads: the source lines from the NoPE row's address to the index key's load
+# (the compiler puts some of a statement's loads on the lines around its tl.load)
+start = next(first + i for i, l in enumerate(src) if l.lstrip().startswith("nope_row ="))
+end = next(first + i for i, l in enumerate(src) if l.lstrip().startswith("key = tl.load"))
+out = {}
+for name, kw in {"tiny fp8": dict(d_nope=256), "dsv32 fp8": dict(d_nope=512),
+                 "tiny bf16": dict(kv_dtype="bf16", d_nope=256)}.items():
+    widths, loc = set(), None
+    for l in rg.compile_for_sm90(**kw).asm["ptx"].splitlines():
+        m = re.match(r"\s*\.loc\s+\d+\s+(\d+)", l)
+        if m:
+            loc = int(m.group(1))
+        m = re.search(r"ld\.global(?:\.v(\d))?\.b(\d+)", l)
+        if m and loc is not None and start <= loc < end:
+            widths.add(int(m.group(1) or 1) * int(m.group(2)) // 8)
+    out[name] = sorted(widths)
+print(json.dumps(out))
+"""
+
+
+def test_gather_row_loads_are_as_wide_as_the_rows_alignment():
+    """Compiled for sm_90a by the installed Triton (no GPU): the KV rows' loads are as wide as
+    their strides and offsets allow, never wider. The ``tiny`` model's fp8_ds_mla rows are 392
+    bytes (8-byte aligned): 8-byte vectors at most; dsv32's 656-byte rows and bf16 rows reach
+    16 bytes. Without the stated alignment Triton 3.6 loaded the 392-byte
+    rows as 16-byte vectors (a misaligned address on the H200, BENCHMARKS.md 6u) and Triton 3.9
+    byte by byte."""
+    from tests.test_sparse_mla_decode import _compile_report
+    rep = _compile_report(_GATHER_LOADS)
+    assert max(rep["tiny fp8"]) == 8, rep
+    assert max(rep["dsv32 fp8"]) == 16 and max(rep["tiny bf16"]) == 16, rep
 
 
 # ---------------------------------------------------------------- RAGGED top-k

@@ -20,12 +20,19 @@ def _ragged_gather_kernel(
         out_ptr, stride_out, out_k_ptr, out_ks_ptr,
         PAGE: tl.constexpr, D_V: tl.constexpr, D_V_PAD: tl.constexpr, G: tl.constexpr,
         D_ROPE: tl.constexpr, D_ROPE_PAD: tl.constexpr, D_IDX: tl.constexpr,
-        IS_FP8: tl.constexpr, BLOCK_T: tl.constexpr):
+        IS_FP8: tl.constexpr, BLOCK_T: tl.constexpr, NOPE_ALIGN: tl.constexpr,
+        SCALE_ALIGN: tl.constexpr, ROPE_ALIGN: tl.constexpr):
     """One program = one request x one tile of ``BLOCK_T`` of its tokens.
 
     Token ``t`` of request ``r`` (``t < len[r]``) lives in slot ``bt[r, t // PAGE] * PAGE +
     t % PAGE`` and goes to ragged row ``cu[r] + t``: its KV row dequantized to bf16
     (``out[:, :D_V]`` NoPE/V, ``out[:, D_V:]`` rope) and its index key bytes + scale.
+    ``*_ALIGN``: what each row's first element offset is known to be a multiple of (elements
+    of its view, a power of two <= 16), from the strides and offsets: the vector width of the
+    row loads. Stated, not left to the compiler: Triton 3.6 takes a row offset computed from
+    the consecutive slots of a page as 16-byte aligned whatever the stride, and loaded the
+    ``tiny`` model's 392-byte fp8_ds_mla rows (8-byte aligned) as 16-byte vectors: a
+    misaligned address on the H200 (BENCHMARKS.md 6u).
     """
     r = tl.program_id(0)
     t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -39,10 +46,12 @@ def _ragged_gather_kernel(
     # ---- attention KV row -> bf16 ----
     offs_v = tl.arange(0, D_V_PAD)
     vmask = valid[:, None] & (offs_v[None, :] < D_V)
-    nope = tl.load(nope_ptr + slot[:, None] * stride_nope + offs_v[None, :], mask=vmask, other=0)
+    nope_row = tl.multiple_of(slot * stride_nope, NOPE_ALIGN)
+    nope = tl.load(nope_ptr + nope_row[:, None] + offs_v[None, :], mask=vmask, other=0)
     if IS_FP8:
         offs_g = tl.arange(0, G)
-        sc = tl.load(scale_ptr + slot[:, None] * stride_scale + scale_off + offs_g[None, :],
+        scale_row = tl.multiple_of(slot * stride_scale + scale_off, SCALE_ALIGN)
+        sc = tl.load(scale_ptr + scale_row[:, None] + offs_g[None, :],
                      mask=valid[:, None] & (offs_g[None, :] < D_V // 128), other=0.0)
         vals = nope.to(tl.float8e4nv, bitcast=True).to(tl.float32)
         vals = tl.reshape(vals, [BLOCK_T, G, D_V_PAD // G]) * sc[:, :, None]
@@ -53,7 +62,8 @@ def _ragged_gather_kernel(
     tl.store(out_row + offs_v[None, :], v, mask=vmask)
     offs_r = tl.arange(0, D_ROPE_PAD)
     rmask = valid[:, None] & (offs_r[None, :] < D_ROPE)
-    rope = tl.load(rope_ptr + slot[:, None] * stride_rope + rope_off + offs_r[None, :], mask=rmask,
+    rope_row = tl.multiple_of(slot * stride_rope + rope_off, ROPE_ALIGN)
+    rope = tl.load(rope_ptr + rope_row[:, None] + offs_r[None, :], mask=rmask,
                    other=0.0)
     tl.store(out_row + D_V + offs_r[None, :], rope, mask=rmask)
 
@@ -69,6 +79,17 @@ def _ragged_gather_kernel(
 
 #: tokens per gather program
 GATHER_BLOCK_T = 16
+
+
+def row_alignment(*terms: int) -> int:
+    """The largest power of two <= 16 dividing every one of ``terms`` (a row stride and an
+    offset into the row, in elements): what ``slot * stride + offset`` is a multiple of for
+    any slot (16 for all zeros)."""
+    align = 16
+    for t in terms:
+        while t % align:
+            align //= 2
+    return align
 
 
 def ragged_gather(kv_rows: torch.Tensor, index_cache: torch.Tensor, block_table: torch.Tensor,
@@ -125,5 +146,42 @@ def ragged_gather(kv_rows: torch.Tensor, index_cache: torch.Tensor, block_table:
         out, out.stride(0), out_keys, out_key_scales,
         PAGE=page_size, D_V=d_nope, D_V_PAD=d_v_pad, G=max(1, d_v_pad // 128),
         D_ROPE=d_rope, D_ROPE_PAD=max(16, triton.next_power_of_2(max(d_rope, 1))), D_IDX=D,
-        IS_FP8=is_fp8, BLOCK_T=GATHER_BLOCK_T, num_warps=4)
+        IS_FP8=is_fp8, BLOCK_T=GATHER_BLOCK_T, NOPE_ALIGN=row_alignment(stride_nope),
+        SCALE_ALIGN=row_alignment(stride_scale, scale_off),
+        ROPE_ALIGN=row_alignment(stride_rope, rope_off), num_warps=4)
     return out
+
+
+def compile_for_sm90(kv_dtype: str = "fp8_ds_mla", *, d_nope: int = 512, d_rope: int = 64,
+                     index_dim: int = 128, page_size: int = 64):
+    """The gather kernel compiled by the installed Triton for sm_90a without a GPU (a
+    ``triton.compiler.CompiledKernel``: ``asm["ptx"]``, ...) for ``kv_dtype`` rows
+    (``"fp8_ds_mla"`` or ``"bf16"``) of ``d_nope + d_rope`` dims, with the strides, offsets
+    and divisibility a launch on a contiguous cache of such rows has. For inspecting the row
+    loads' vector widths, not for running it."""
+    from backends.kernels.compile_target import compile_for_target
+    if kv_dtype == "fp8_ds_mla":
+        scales_start, rope_start, rb = kv_format.fp8_ds_mla_offsets(d_nope, d_rope)
+        rows = dict(stride_nope=rb, stride_scale=rb // 4, scale_off=scales_start // 4,
+                    stride_rope=rb // 2, rope_off=rope_start // 2)
+    elif kv_dtype == "bf16":
+        rows = dict(stride_nope=d_nope + d_rope, stride_scale=0, scale_off=0,
+                    stride_rope=d_nope + d_rope, rope_off=d_nope)
+    else:
+        raise ValueError(f"kv_dtype must be 'fp8_ds_mla' or 'bf16', got {kv_dtype!r}")
+    fp8 = kv_dtype == "fp8_ds_mla"
+    ints = dict(rows, stride_ik_page=page_size * (index_dim + 4),
+                stride_iks_page=page_size * (index_dim + 4) // 4, stride_bt=64,
+                stride_out=d_nope + d_rope)
+    d_v_pad = triton.next_power_of_2(d_nope)
+    const = dict(PAGE=page_size, D_V=d_nope, D_V_PAD=d_v_pad, G=max(1, d_v_pad // 128),
+                 D_ROPE=d_rope, D_ROPE_PAD=max(16, triton.next_power_of_2(d_rope)),
+                 D_IDX=index_dim, IS_FP8=fp8, BLOCK_T=GATHER_BLOCK_T,
+                 NOPE_ALIGN=row_alignment(rows["stride_nope"]),
+                 SCALE_ALIGN=row_alignment(rows["stride_scale"], rows["scale_off"]),
+                 ROPE_ALIGN=row_alignment(rows["stride_rope"], rows["rope_off"]))
+    ptrs = dict(nope_ptr="*u8" if fp8 else "*bf16", scale_ptr="*fp32" if fp8 else "*bf16",
+                rope_ptr="*bf16", ik_ptr="*u8", iks_ptr="*fp32", bt_ptr="*i32", len_ptr="*i32",
+                cu_ptr="*i32", out_ptr="*bf16", out_k_ptr="*u8", out_ks_ptr="*fp32")
+    return compile_for_target(_ragged_gather_kernel, const, ptrs,
+                              [n for n, v in ints.items() if v % 16 == 0], num_warps=4)

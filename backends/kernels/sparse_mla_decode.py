@@ -564,8 +564,7 @@ def compile_for_arch(kv_dtype: str, *, arch: int = 90, batch: int = 128, num_hea
     d_v + d_rope]`` queries, ``kv_dtype`` rows (``"bf16"`` or ``"fp8_ds_mla"``) and
     ``[batch, top_k]`` indices. For inspecting what the compiler makes of a launch (e.g.
     ``split_scores``), not for running it."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from backends.kernels.compile_target import compile_for_target
 
     if kv_dtype not in ("bf16", "fp8_ds_mla"):
         raise ValueError(f"kv_dtype must be 'bf16' or 'fp8_ds_mla', got {kv_dtype!r}")
@@ -589,26 +588,11 @@ def compile_for_arch(kv_dtype: str, *, arch: int = 90, batch: int = 128, num_hea
                 scale_ptr="*fp32" if kv_dtype == "fp8_ds_mla" else "*bf16", rope_ptr="*bf16",
                 idx_ptr="*i32", out_ptr="*bf16", lse_ptr="*fp32", part_o_ptr="*fp32",
                 part_lse_ptr="*fp32")
-    fn = _sparse_mla_decode_fwd
-    names = list(fn.arg_names)
     const.update({n: 1 for n, v in ints.items() if v == 1})     # Triton specialises 1s
-    signature, attrs = {}, {}
-    for i, n in enumerate(names):
-        if n in const:
-            signature[n] = "constexpr"
-        elif n in ptrs:
-            signature[n] = ptrs[n]
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif n == "qk_scale_log2":
-            signature[n] = "fp32"
-        else:
-            signature[n] = "i32"
-            if ints[n] % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    src = ASTSource(fn=fn, signature=signature, attrs=attrs,
-                    constexprs={(names.index(n),): v for n, v in const.items()})
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                          options=dict(num_warps=num_warps, num_stages=num_stages))
+    return compile_for_target(_sparse_mla_decode_fwd, const, ptrs,
+                              [n for n, v in ints.items() if v % 16 == 0],
+                              floats=["qk_scale_log2"], arch=arch, num_warps=num_warps,
+                              num_stages=num_stages)
 
 
 def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor,

@@ -1013,12 +1013,7 @@ def compile_for_sm90(kind: str = "bf16", *, d_v: int = 512, d_rope: int = 64, st
     ``metadata.shared`` in bytes) for KV rows of ``kind`` (``"bf16"`` or ``"fp8_ds_mla"``), with
     the divisibility Triton specialises for contiguous DeepSeek-V3.2-sized tensors. For
     inspecting what the compiler makes of it, not for running it."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    fn = _sparse_mla_decode_ws_fwd
-    names = list(fn.arg_names)
+    from backends.kernels.compile_target import compile_for_target
     const = _constexprs(kind, d_v, d_rope, stages, split, block_h)
     fp8 = kind == "fp8_ds_mla"
     ptrs = dict(q_ptr="*bf16", kv_ptr="*u8" if fp8 else "*bf16",
@@ -1026,16 +1021,6 @@ def compile_for_sm90(kind: str = "bf16", *, d_v: int = 512, d_rope: int = 64, st
                 out_ptr="*bf16", lse_ptr="*fp32", part_o_ptr="*fp32", part_lse_ptr="*fp32")
     div16 = {"stride_qb", "stride_qh", "stride_kv", "stride_ib", "stride_ob", "stride_oh",
              "stride_lb", "H", "K"} | (set() if fp8 else {"stride_rope"})
-    signature, attrs = {}, {}
-    for i, n in enumerate(names):
-        if n in const:
-            signature[n] = "constexpr"
-            continue
-        signature[n] = ptrs.get(n, "fp32" if n == "qk_scale_log2" else "i32")
-        if n in ptrs or n in div16:
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    src = GluonASTSource(fn=fn, signature=signature, attrs=attrs,
-                         constexprs={(names.index(n),): v for n, v in const.items()})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=4 if kind == "fp8_ds_mla" else 8,
-                                       maxnreg=_MAXNREG))
+    return compile_for_target(_sparse_mla_decode_ws_fwd, const, ptrs, div16,
+                              floats=["qk_scale_log2"], gluon=True,
+                              num_warps=4 if fp8 else 8, maxnreg=_MAXNREG)
