@@ -142,47 +142,6 @@ def test_combine_splits_matches_torch(device, num_splits, d_v):
     assert lse.cpu()[1, 2] == math.inf
 
 
-@pytest.mark.parametrize("heads_per_count", [2, 4])
-def test_combine_splits_waiting_row_by_row(device, monkeypatch, heads_per_count):
-    """The combine's row waits (``row_counts``): with every (row, head block) counter at its
-    target the output is the plain combine's, bit for bit, and each counter is back at 0 after
-    the call (its last reader resets it, also for a last block of fewer heads: 5 heads in
-    blocks of 2 or 4); a block whose writer never counted in gets NaN after the poll cap, its
-    counter stays poisoned (NaN again in the next call, not partials read early) and the other
-    blocks are unaffected."""
-    import importlib
-    smd = importlib.import_module("backends.kernels.sparse_mla_decode")   # not the function
-    monkeypatch.setattr(smd, "_SPIN_CAP", 16)
-    g = torch.Generator().manual_seed(heads_per_count)
-    b, h, s, d_v = 3, 5, 6, 192          # 192 columns: two column blocks a row (two readers)
-    part_o = torch.randn(b, h, s, d_v, generator=g).to(device)
-    part_lse = (torch.randn(b, h, s, generator=g) * 4).to(device)
-    blocks = -(-h // heads_per_count)
-    out0 = torch.empty(b, h, d_v, dtype=torch.bfloat16, device=device)
-    lse0 = torch.empty(b, h, device=device)
-    combine_splits(part_o, part_lse, out0, lse0)
-    target = 2 * s
-    counters = torch.full((b * blocks + 3,), target, dtype=torch.int32, device=device)
-    counters[-3:] = 7                                  # beyond the rows: untouched
-    out, lse = torch.empty_like(out0), torch.empty_like(lse0)
-    combine_splits(part_o, part_lse, out, lse, row_counts=(counters, heads_per_count, target))
-    assert torch.equal(out.cpu(), out0.cpu()) and torch.equal(lse.cpu(), lse0.cpu())
-    assert counters.cpu().tolist() == [0] * (b * blocks) + [7, 7, 7]
-    counters[:b * blocks] = target
-    counters[blocks + 1] = target - 1                  # row 1, head block 1: one arrival short
-    combine_splits(part_o, part_lse, out, lse, row_counts=(counters, heads_per_count, target))
-    late = torch.zeros(b, h, dtype=torch.bool)
-    late[1, heads_per_count:2 * heads_per_count] = True
-    got = out.cpu().float()
-    assert torch.isnan(got[late]).all() and torch.equal(out.cpu()[~late], out0.cpu()[~late])
-    # poisoned: the next call fails there too, though its writer counted in in full
-    assert int(counters[blocks + 1]) < 0 and int(counters[blocks]) == 0
-    counters[:b * blocks] += target
-    combine_splits(part_o, part_lse, out, lse, row_counts=(counters, heads_per_count, target))
-    assert torch.isnan(out.cpu().float()[late]).all()
-    assert torch.equal(out.cpu()[~late], out0.cpu()[~late])
-
-
 def test_choose_num_splits():
     assert choose_num_splits(128, 128, 2048) == 1            # 256 programs already fill 132 SMs
     s8 = choose_num_splits(8, 128, 2048)

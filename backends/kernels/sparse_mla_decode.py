@@ -71,7 +71,7 @@ from backends.kernels.kv_format import FP8_TILE, fp8_ds_mla_offsets, kv_dtype_of
 
 __all__ = ["sparse_mla_decode", "sparse_mla_decode_with_info", "compile_for_arch", "LaunchInfo",
            "choose_num_splits", "DEFAULT_NUM_SMS", "check_decode_inputs", "plan_splits",
-           "combine_splits", "row_counters", "kernel_args"]
+           "combine_splits", "kernel_args"]
 
 #: multiprocessors of an H200; used to plan splits when the tensors are not on a GPU
 DEFAULT_NUM_SMS = 132
@@ -336,32 +336,13 @@ def _sparse_mla_decode_combine(
     out_ptr, stride_ob, stride_oh,          # out [B, H, D_V] bf16
     lse_ptr, stride_lb,                     # lse [B, H] fp32
     H, num_splits,
-    cnt_ptr, heads_per_count, count_target,  # WAIT_ROWS: [B, cdiv(H, heads_per_count)] int32
     D_V: tl.constexpr, S_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
-    WAIT_ROWS: tl.constexpr, SPIN_CAP: tl.constexpr,
 ):
     """One program per (batch row x head, ``BLOCK_D`` columns of V): every split's partial of
-    those columns loaded at once (``[S_PAD, BLOCK_D]``), weighted by ``exp(lse_s - max)``.
-
-    ``WAIT_ROWS``: the partials' writer counts each of its stores of a (row, block of
-    ``heads_per_count`` heads) in on that block's counter (release, GPU scope); a program
-    first waits (acquire) until its counter reaches ``count_target``, so it may run while the
-    writer's grid still does (launched as its programmatic dependent). After at most
-    ``SPIN_CAP`` polls it goes on, writes NaN and poisons the counter, so that a writer that
-    never counted in shows as NaN in this and every later call, not as a hang or as a later
-    call reading partials early. The counter's last reader puts it back to 0 for the next
-    call."""
+    those columns loaded at once (``[S_PAD, BLOCK_D]``), weighted by ``exp(lse_s - max)``."""
     pid = tl.program_id(0)                  # = b * H + h
     b = pid // H
     h = pid % H
-    if WAIT_ROWS:
-        block = h // heads_per_count
-        cnt = cnt_ptr + b * tl.cdiv(H, heads_per_count) + block
-        c = tl.atomic_add(cnt, 0, sem="acquire", scope="gpu")
-        polls = 0
-        while (c < count_target) & (polls < SPIN_CAP):
-            c = tl.atomic_add(cnt, 0, sem="acquire", scope="gpu")
-            polls += 1
     base = pid.to(tl.int64) * num_splits
     offs_s = tl.arange(0, S_PAD)
     s_ok = offs_s < num_splits
@@ -376,16 +357,6 @@ def _sparse_mla_decode_combine(
     total = tl.sum(w, 0)
     has = total > 0.0
     out = tl.sum(w[:, None] * o, 0) / tl.where(has, total, 1.0)
-    if WAIT_ROWS:
-        late = c < count_target
-        out = tl.where(late, float("nan"), out)
-        if late:        # poisoned: every later wait on this counter fails (NaN) as well
-            tl.atomic_xchg(cnt, -(1 << 30), sem="relaxed", scope="gpu")
-        else:
-            readers = tl.minimum(heads_per_count, H - block * heads_per_count)
-            if tl.atomic_add(cnt, 1, sem="relaxed", scope="gpu") == (
-                    count_target + readers * tl.num_programs(1) - 1):
-                tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
     tl.store(out_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + offs_v,
              out.to(out_ptr.dtype.element_ty), mask=v_ok)
     if tl.program_id(1) == 0:
@@ -677,57 +648,32 @@ _COMBINE_ELEMS = 4096
 
 
 def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor,
-                   lse: torch.Tensor, *, row_counts: Optional[tuple] = None) -> None:
+                   lse: torch.Tensor) -> None:
     """Merges per-split partials ``part_o [B, H, S, d_v]`` (normalised o) and ``part_lse
     [B, H, S]`` (natural log, -inf for an empty split), fp32 contiguous, into ``out [B, H, d_v]``
     bf16 and ``lse [B, H]`` fp32 (``+inf`` and 0 where every split is empty). Measured on the
     H200 (BENCHMARKS 6q, fp8_ds_mla rows, H128 top_k 2048): the combine alone 9.0 / 7.8 / 10.3 /
     9.8 us at B1 / 2 / 4 / 8 against 13.5 / 9.8 / 11.6 / 10.3 with a loop over the splits, the
-    decodes 0.9-1.4 us faster at B4 and B8; 8 warps a program instead of 4 was within the
-    spread at 2-16 splits, and the splits summed a row a program in an unrolled loop (no
-    cross-warp sum) 0.9 us faster to 2.9 us slower at B1-B32 (6t).
-
-    ``row_counts`` ``(counters, heads_per_count, count_target)``: the partials' writer (the
-    warp-specialised decode) counts its stores in on ``counters`` (int32, ``[B,
-    cdiv(H, heads_per_count)]`` used, 0 between calls: :func:`row_counters`) and triggers this
-    launch early; the combine is then launched as its programmatic dependent and each program
-    waits for its own row's count (``count_target``) instead of the whole grid. Launched as a
-    dependent that waits for the whole grid it saved -0.5 to +0.2 us at B1-B8 (6t)."""
+    decodes 0.9-1.4 us faster at B4 and B8; launched as a programmatic dependent of the decode
+    it saved up to 1 us at B1-2 and cost up to 1.9 at B4 (calls c2, c3), and -0.5 to +0.2 us
+    at B1-B8 when re-measured (BENCHMARKS 6t), so it is a plain launch; 8 warps a program
+    instead of 4 was within the spread at 2-16 splits, and the splits summed a row a program in
+    an unrolled loop (no cross-warp sum) 0.9 us faster to 2.9 us slower at B1-B32 (6t); a
+    programmatic dependent whose programs each wait for their own row's splits (the decode
+    counting its stored partials in on a counter a row) -0.7 to +0.5 us at B1-B8 and 0.7 to
+    4.1 us slower at B16-B32 (6u)."""
     bsz, num_heads, num_splits, d_v = part_o.shape
     s_pad = triton.next_power_of_2(num_splits)
     # every split's columns at once: at most _COMBINE_ELEMS float32 values a program
     block_d = max(16, min(triton.next_power_of_2(d_v), _COMBINE_ELEMS // s_pad))
-    counters, heads_per_count, target = row_counts if row_counts is not None else (lse, 1, 0)
     _sparse_mla_decode_combine[(bsz * num_heads, triton.cdiv(d_v, block_d))](
         part_o, part_lse,
         out, out.stride(0), out.stride(1),
         lse, lse.stride(0),
         num_heads, num_splits,
-        counters, heads_per_count, target,
         D_V=d_v, S_PAD=s_pad, BLOCK_D=block_d,
-        WAIT_ROWS=row_counts is not None, SPIN_CAP=_SPIN_CAP,
-        num_warps=4, launch_pdl=row_counts is not None and not _interpreting(),
+        num_warps=4,
     )
-
-
-#: polls of a row's counter before a combine program gives up and writes NaN: ~0.1 s of
-#: polling at the ~0.5 us an acquire round trip to L2 takes, so only a writer that never
-#: counts in reaches it
-_SPIN_CAP = 1 << 18
-#: per (device, stream): the row counters of :func:`row_counters`, newest last; an outgrown
-#: buffer is kept, as a captured CUDA graph may still point at it
-_ROW_COUNTERS: dict = {}
-
-
-def row_counters(device: torch.device, n: int) -> torch.Tensor:
-    """At least ``n`` int32 counters on ``device`` for the split combine's row waits
-    (:func:`combine_splits`), zero between calls, one buffer per (device, current stream) so
-    that calls on two streams never share a counter."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    kept = _ROW_COUNTERS.setdefault((str(device), stream), [])
-    if not kept or kept[-1].numel() < n:
-        kept.append(torch.zeros(max(n, 1024), dtype=torch.int32, device=device))
-    return kept[-1]
 
 
 def check_decode_inputs(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor,

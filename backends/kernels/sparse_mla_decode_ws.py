@@ -80,7 +80,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from backends.kernels.kv_format import fp8_ds_mla_offsets
 from backends.kernels.sparse_mla_decode import (LaunchInfo, check_decode_inputs, combine_splits,
-                                                kernel_args, plan_splits, row_counters)
+                                                kernel_args, plan_splits)
 
 __all__ = ["sparse_mla_decode_ws", "ws_supported", "shared_memory_bytes", "compile_for_sm90",
            "WS_BLOCK_H", "WS_BLOCK_N"]
@@ -126,11 +126,6 @@ _Q_EARLY = True
 #: accumulator's layout (8 bytes a thread, whole sectors): staged they were 0.1-1.8 us slower at
 #: B1-B8 (the 128 KB round trip through shared memory a program)
 _STAGED_STORE = True
-#: a split call's combine waits row by row: every consumer partition counts itself in on its
-#: (row, head block)'s counter once its partials are stored (:func:`_count_in`), and the combine,
-#: launched as a programmatic dependent that the decode triggers first thing, waits for each
-#: row's count instead of for the whole grid (:func:`combine_splits`)
-_ROW_WAIT_COMBINE = True
 #: registers per thread of the whole program: 12 warps x 32 x 168 <= 64 K; the consumers get
 #: (168 * 12 - 48 * 4) / 8 = 228 rounded down to setmaxnreg's multiple of 8: 224 (the PTX's
 #: setmaxnreg). ptxas 12.8 (Triton 3.6) for sm_90a: no spills for bf16 rows, 20 bytes for
@@ -383,8 +378,7 @@ def _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
                  b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
                  q_nope, q_rope, kv_nope, kv_rope, q_bar, ready, empty,
                  D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
-                 STAGES: gl.constexpr, SPLIT: gl.constexpr, STAGED: gl.constexpr,
-                 cnt, COUNT: gl.constexpr):
+                 STAGES: gl.constexpr, SPLIT: gl.constexpr, STAGED: gl.constexpr):
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                   instr_shape=[16, BLOCK_N // 2, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
@@ -442,17 +436,6 @@ def _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
              part_o_ptr, 0, D_V, BLOCK_H, SPLIT, False, STAGED, o_l)
     _store_lse(m_i + gl.log2(l_safe), has, b, h0, H, split, num_splits, lse_ptr, stride_lb,
                part_lse_ptr, BLOCK_H, SPLIT)
-    if COUNT:
-        _count_in(cnt)
-
-
-@gluon.jit
-def _count_in(cnt):
-    """One arrival on a row's counter ``cnt`` (int32 in global memory) once the calling
-    partition's partials are stored: a barrier over the partition's warps, then one release
-    add at GPU scope (the split combine acquires it, :func:`combine_splits`)."""
-    _partition_barrier()
-    gl.atomic_add(cnt, 1, sem="release", scope="gpu")
 
 
 @gluon.jit
@@ -545,7 +528,7 @@ def _consumer_a0(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
                  D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, SPLIT: gl.constexpr, DEQ_ROWS: gl.constexpr,
                  deq_l: gl.constexpr, DEQ_BF16: gl.constexpr, TRANSPOSED: gl.constexpr,
-                 STAGED: gl.constexpr, cnt, COUNT: gl.constexpr):
+                 STAGED: gl.constexpr):
     """Asymmetric fp8_ds_mla consumers, warpgroup 0 (the default partition): dequantizes tokens
     ``[0, BLOCK_N / 2)`` of each tile, computes all of the scores and the online softmax,
     hands ``P`` and the rescale factors (``stat``) to warpgroup 1 (:func:`_consumer_a1`), and
@@ -629,8 +612,6 @@ def _consumer_a0(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
              part_o_ptr, 0, D_V, BLOCK_H, SPLIT, TRANSPOSED, STAGED, o_l)
     _store_lse(m_i + gl.log2(l_safe), has, b, h0, H, split, num_splits, lse_ptr, stride_lb,
                part_lse_ptr, BLOCK_H, SPLIT)
-    if COUNT:
-        _count_in(cnt)
 
 
 @gluon.jit
@@ -641,7 +622,7 @@ def _consumer_a1(out_ptr, stride_ob, stride_oh, part_o_ptr,
                  D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, SPLIT: gl.constexpr, DEQ_ROWS: gl.constexpr,
                  deq_l: gl.constexpr, DEQ_BF16: gl.constexpr, TRANSPOSED: gl.constexpr,
-                 STAGED: gl.constexpr, cnt, COUNT: gl.constexpr):
+                 STAGED: gl.constexpr):
     """Warpgroup 1 of the asymmetric fp8_ds_mla consumers (a worker partition; see
     :func:`_consumer_a0`): dequantizes tokens
     ``[BLOCK_N / 2, BLOCK_N)`` of each tile, then, given ``P`` (the stage's rope tile; ``P^T``
@@ -680,8 +661,6 @@ def _consumer_a1(out_ptr, stride_ob, stride_oh, part_o_ptr,
     _store_o(acc, stat.load(gl.SliceLayout(0 if TRANSPOSED else 1, o_l)), kn, b, h0, H, split,
              num_splits, out_ptr, stride_ob, stride_oh, part_o_ptr, D_V // 2, D_V, BLOCK_H,
              SPLIT, TRANSPOSED, STAGED, o_l)
-    if COUNT:
-        _count_in(cnt)
 
 
 @gluon.jit
@@ -690,8 +669,7 @@ def _consumer_t(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stri
                 b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
                 q_nope, q_rope, kv_nope, kv_rope, p_t, q_bar, ready, empty,
                 D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
-                STAGES: gl.constexpr, SPLIT: gl.constexpr, STAGED: gl.constexpr,
-                cnt, COUNT: gl.constexpr):
+                STAGES: gl.constexpr, SPLIT: gl.constexpr, STAGED: gl.constexpr):
     """The consumers for few heads (``BLOCK_H`` 16 or 32: a TP8 or TP4 shard of
     DeepSeek-V3.2's 128), everything transposed so that the tile's 64 tokens are the wgmma M:
     ``S^T = k q^T`` ``[BLOCK_N, BLOCK_H]`` with warps laid out ``[4, 2]`` (each warpgroup owns
@@ -756,8 +734,6 @@ def _consumer_t(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stri
              part_o_ptr, 0, D_V, BLOCK_H, SPLIT, True, STAGED, o_l)
     _store_lse(m_i + gl.log2(l_safe), has, b, h0, H, split, num_splits, lse_ptr, stride_lb,
                part_lse_ptr, BLOCK_H, SPLIT)
-    if COUNT:
-        _count_in(cnt)
 
 
 @gluon.jit
@@ -767,19 +743,19 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
               q_nope, q_rope, kv_nope, kv_rope, p_t, q_bar, ready, empty,
               D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, SPLIT: gl.constexpr, TRANSPOSED: gl.constexpr,
-              STAGED: gl.constexpr, cnt, COUNT: gl.constexpr):
+              STAGED: gl.constexpr):
     """The consumer partition for bf16 rows: 64-head programs (:func:`_consumer_64`) or, for
     fewer heads, the transposed ones (:func:`_consumer_t`)."""
     if TRANSPOSED:
         _consumer_t(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
                     part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
                     num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, p_t, q_bar,
-                    ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, STAGED, cnt, COUNT)
+                    ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, STAGED)
     else:
         _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
                      part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
                      num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, q_bar, ready,
-                     empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, STAGED, cnt, COUNT)
+                     empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, STAGED)
 
 
 @gluon.jit
@@ -794,7 +770,6 @@ def _sparse_mla_decode_ws_fwd(
         part_o_ptr, part_lse_ptr,             # [B, H, S, D_V] / [B, H, S] fp32 (SPLIT)
         H, K, num_slots, num_splits, tiles_per_split, num_head_blocks,
         qk_scale_log2,
-        cnt_ptr,                              # [B, num_head_blocks] int32 (COUNT_ROWS)
         D_V: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
         STAGES: gl.constexpr, ROWS: gl.constexpr, SPLIT: gl.constexpr,
         PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
@@ -802,13 +777,7 @@ def _sparse_mla_decode_ws_fwd(
         DEQ_ROWS: gl.constexpr, DEQ_LAYOUT: gl.constexpr, RAW_SMEM: gl.constexpr,
         SCALE_SMEM: gl.constexpr, TRANSPOSED: gl.constexpr,
         P_COLS: gl.constexpr, DEQ_BF16: gl.constexpr,
-        A1_REGS: gl.constexpr, Q_EARLY: gl.constexpr, STAGED: gl.constexpr,
-        COUNT_ROWS: gl.constexpr):
-    if COUNT_ROWS:
-        # programmatic dependent launch: the split combine may start launching now; its
-        # programs wait for their row's counter, not for this grid
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [],
-                                  dtype=gl.int32, is_pure=False, pack=1)
+        A1_REGS: gl.constexpr, Q_EARLY: gl.constexpr, STAGED: gl.constexpr):
     pid = gl.program_id(0)
     hb = pid % num_head_blocks
     rest = pid // num_head_blocks
@@ -819,7 +788,6 @@ def _sparse_mla_decode_ws_fwd(
     t_begin = split * tiles_per_split
     t_end = gl.minimum(t_begin + tiles_per_split, n_tiles)
     lim = gl.minimum(K, t_end * BLOCK_N)
-    cnt = cnt_ptr + (b * num_head_blocks + hb)
 
     sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     q_nope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, D_V], sh)
@@ -862,7 +830,7 @@ def _sparse_mla_decode_ws_fwd(
                             kv_nope, kv_rope, kv_raw, kv_scale, p_t, stat, q_bar, ready, empty,
                             hand.index(0), hand.index(1), hand.index(2), hand.index(3),
                             hand.index(4), D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, DEQ_ROWS,
-                            DEQ_LAYOUT, DEQ_BF16, TRANSPOSED, STAGED, cnt, COUNT_ROWS)),
+                            DEQ_LAYOUT, DEQ_BF16, TRANSPOSED, STAGED)),
             (_producer, (q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
                          scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
                          idx_ptr, stride_ib, b, h0, H, t_begin, t_end, lim, num_slots,
@@ -874,7 +842,7 @@ def _sparse_mla_decode_ws_fwd(
                             kv_nope, kv_rope, kv_raw, kv_scale, p_t, stat, ready, empty,
                             hand.index(0), hand.index(1), hand.index(2), hand.index(3),
                             hand.index(4), D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, DEQ_ROWS,
-                            DEQ_LAYOUT, DEQ_BF16, TRANSPOSED, STAGED, cnt, COUNT_ROWS)),
+                            DEQ_LAYOUT, DEQ_BF16, TRANSPOSED, STAGED)),
         ], [PRODUCER_WARPS, 4], [PRODUCER_REGS, A1_REGS])
     else:
         gl.warp_specialize([
@@ -882,7 +850,7 @@ def _sparse_mla_decode_ws_fwd(
                          part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end,
                          lim, num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope,
                          p_t, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT,
-                         TRANSPOSED, STAGED, cnt, COUNT_ROWS)),
+                         TRANSPOSED, STAGED)),
             (_producer, (q_ptr, stride_qb, stride_qh, kv_ptr, stride_kv,
                          scale_ptr, stride_scale, scale_off, rope_ptr, stride_rope, rope_off,
                          idx_ptr, stride_ib, b, h0, H, t_begin, t_end, lim, num_slots,
@@ -996,16 +964,13 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
     if num_splits == 0:
         return out, lse, info
     num_head_blocks = -(-num_heads // block_h)
-    const = _constexprs(kind, d_v, d_qk - d_v, stages, num_splits > 1, block_h)
-    counts = (row_counters(q.device, bsz * num_head_blocks), block_h,
-              (2 if kind == "fp8_ds_mla" else 1) * num_splits) if const["COUNT_ROWS"] else None
     kernel = _sparse_mla_decode_ws_fwd[(bsz * num_splits * num_head_blocks,)](
         *kernel_args(q, kv_cache, kind, indices, sm_scale, d_v, plan, num_head_blocks),
-        lse if counts is None else counts[0], **const,
+        **_constexprs(kind, d_v, d_qk - d_v, stages, num_splits > 1, block_h),
         num_warps=4 if kind == "fp8_ds_mla" else 8, maxnreg=_MAXNREG,
     )
     if num_splits > 1:
-        combine_splits(part_o, part_lse, out, lse, row_counts=counts)
+        combine_splits(part_o, part_lse, out, lse)
     n_regs, n_spills = getattr(kernel, "n_regs", None), getattr(kernel, "n_spills", None)
     return out, lse, replace(info, n_regs=None if n_regs is None else int(n_regs),
                              n_spills=None if n_spills is None else int(n_spills),
@@ -1035,7 +1000,7 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
                 SCALE_LAYOUT=gl.BlockedLayout([1, 1], [32 // tpw_g, tpw_g],
                                               [_PRODUCER_WARPS, 1], [1, 0]),
                 DEQ_ROWS=_DEQ_ROWS, DEQ_BF16=_DEQ_BF16, A1_REGS=_A1_REGS, Q_EARLY=_Q_EARLY,
-                STAGED=_STAGED_STORE and not split, COUNT_ROWS=split and _ROW_WAIT_COMBINE,
+                STAGED=_STAGED_STORE and not split,
                 DEQ_LAYOUT=gl.BlockedLayout([1, 1, 16], [8, 1, 4], [2, 1, 2], [2, 0, 1]),
                 RAW_SMEM=gl.SwizzledSharedLayout(16, 1, 8, [2, 0, 1]),
                 SCALE_SMEM=gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
@@ -1053,8 +1018,7 @@ def compile_for_sm90(kind: str = "bf16", *, d_v: int = 512, d_rope: int = 64, st
     fp8 = kind == "fp8_ds_mla"
     ptrs = dict(q_ptr="*bf16", kv_ptr="*u8" if fp8 else "*bf16",
                 scale_ptr="*fp32" if fp8 else "*bf16", rope_ptr="*bf16", idx_ptr="*i32",
-                out_ptr="*bf16", lse_ptr="*fp32", part_o_ptr="*fp32", part_lse_ptr="*fp32",
-                cnt_ptr="*i32")
+                out_ptr="*bf16", lse_ptr="*fp32", part_o_ptr="*fp32", part_lse_ptr="*fp32")
     div16 = {"stride_qb", "stride_qh", "stride_kv", "stride_ib", "stride_ob", "stride_oh",
              "stride_lb", "H", "K"} | (set() if fp8 else {"stride_rope"})
     return compile_for_target(_sparse_mla_decode_ws_fwd, const, ptrs, div16,
