@@ -26,23 +26,34 @@ pools = {kv: Pool(128, 32768, 64, 576, 512, kv, dev, seed=7) for kv in ("fp8_ds_
 shapes = [("fp8_ds_mla", b) for b in (1, 2, 4, 8)] + [("bf16", 4)]
 
 
+def kernel_events(run):
+    """The CUDA kernels ``run()`` launched, in start order (chrome-trace events)."""
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        ev = json.load(open(f.name))["traceEvents"]
+    return sorted((e for e in ev if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+
+
+FLUSH = {e["name"] for e in kernel_events(lambda: flush.fill_(1))}
+
+
 def timeline(fn):
     """Kernels of CALLS calls, each after a flush: a list per call of (name, start_us, dur_us),
     start from the call's first kernel."""
     fn()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+
+    def run():
         for i in range(CALLS):
             flush.fill_(i & 255)
             fn()
-        torch.cuda.synchronize()
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        prof.export_chrome_trace(f.name)
-        ev = json.load(open(f.name))["traceEvents"]
-    ks = sorted((e for e in ev if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    ks = kernel_events(run)
     calls, cur = [], None
     for e in ks:
-        if "fill" in e["name"].lower() or "FillFunctor" in e["name"]:
+        if e["name"] in FLUSH and (cur is None or cur):
             cur = []
             calls.append(cur)
         elif cur is not None:
