@@ -116,18 +116,14 @@ def ragged_gather(kv_rows: torch.Tensor, index_cache: torch.Tensor, block_table:
     B = block_table.shape[0]
     D = out_keys.shape[1]
     if kv_rows.dtype == torch.uint8:
-        scales_start, rope_start, rb = kv_format.fp8_ds_mla_offsets(d_nope, d_rope)
+        rb = kv_format.fp8_ds_mla_offsets(d_nope, d_rope)[2]
         if kv_rows.shape[1] != rb:
             raise ValueError(f"fp8_ds_mla rows must be {rb} bytes, got {kv_rows.shape[1]}")
-        nope_t, stride_nope = kv_rows, kv_rows.stride(0)
-        scale_t, stride_scale, scale_off = kv_rows.view(torch.float32), kv_rows.stride(0) // 4, scales_start // 4
-        rope_t, stride_rope, rope_off = kv_rows.view(torch.bfloat16), kv_rows.stride(0) // 2, rope_start // 2
-        is_fp8 = True
+        kind = "fp8_ds_mla"
+        nope_t, scale_t, rope_t = kv_rows, kv_rows.view(torch.float32), kv_rows.view(torch.bfloat16)
     elif kv_rows.dtype == torch.bfloat16 and kv_rows.shape[1] == d_nope + d_rope:
-        nope_t, stride_nope = kv_rows, kv_rows.stride(0)
-        scale_t, stride_scale, scale_off = kv_rows, 0, 0
-        rope_t, stride_rope, rope_off = kv_rows, kv_rows.stride(0), d_nope
-        is_fp8 = False
+        kind = "bf16"
+        nope_t, scale_t, rope_t = kv_rows, kv_rows, kv_rows
     else:
         raise ValueError(f"kv_rows must be fp8_ds_mla uint8 or bf16 [S, {d_nope + d_rope}] rows")
     if index_cache.dtype != torch.uint8 or index_cache.shape[1] != page_size * (D + 4):
@@ -138,18 +134,41 @@ def ragged_gather(kv_rows: torch.Tensor, index_cache: torch.Tensor, block_table:
         raise ValueError("out buffers must be contiguous")
     if B == 0 or max_len == 0:
         return out
-    d_v_pad = triton.next_power_of_2(d_nope)
+    rows = _row_views(kind, kv_rows.stride(0), d_nope, d_rope)
     _ragged_gather_kernel[(B, triton.cdiv(max_len, GATHER_BLOCK_T))](
-        nope_t, stride_nope, scale_t, stride_scale, scale_off, rope_t, stride_rope, rope_off,
+        nope_t, rows["stride_nope"], scale_t, rows["stride_scale"], rows["scale_off"],
+        rope_t, rows["stride_rope"], rows["rope_off"],
         index_cache, index_cache.view(torch.float32), index_cache.stride(0), index_cache.stride(0) // 4,
         block_table, block_table.stride(0), lens, cu,
         out, out.stride(0), out_keys, out_key_scales,
-        PAGE=page_size, D_V=d_nope, D_V_PAD=d_v_pad, G=max(1, d_v_pad // 128),
-        D_ROPE=d_rope, D_ROPE_PAD=max(16, triton.next_power_of_2(max(d_rope, 1))), D_IDX=D,
-        IS_FP8=is_fp8, BLOCK_T=GATHER_BLOCK_T, NOPE_ALIGN=row_alignment(stride_nope),
-        SCALE_ALIGN=row_alignment(stride_scale, scale_off),
-        ROPE_ALIGN=row_alignment(stride_rope, rope_off), num_warps=4)
+        **_constexprs(kind, rows, page_size, d_nope, d_rope, D), num_warps=4)
     return out
+
+
+def _row_views(kind: str, row_stride: int, d_nope: int, d_rope: int) -> dict:
+    """Row strides and offsets, in elements of each view, of ``kind`` rows of ``row_stride``
+    elements (bytes for fp8_ds_mla): the NoPE part (the rows themselves), the fp8 scales (a
+    float32 view; 0 for bf16 rows) and the rope part (a bf16 view)."""
+    if kind == "fp8_ds_mla":
+        scales_start, rope_start, _ = kv_format.fp8_ds_mla_offsets(d_nope, d_rope)
+        return dict(stride_nope=row_stride, stride_scale=row_stride // 4,
+                    scale_off=scales_start // 4, stride_rope=row_stride // 2,
+                    rope_off=rope_start // 2)
+    return dict(stride_nope=row_stride, stride_scale=0, scale_off=0, stride_rope=row_stride,
+                rope_off=d_nope)
+
+
+def _constexprs(kind: str, rows: dict, page_size: int, d_nope: int, d_rope: int,
+                index_dim: int) -> dict:
+    """The kernel's compile-time arguments for ``kind`` rows with the views ``rows``
+    (:func:`_row_views`), the alignments included."""
+    d_v_pad = triton.next_power_of_2(d_nope)
+    return dict(PAGE=page_size, D_V=d_nope, D_V_PAD=d_v_pad, G=max(1, d_v_pad // 128),
+                D_ROPE=d_rope, D_ROPE_PAD=max(16, triton.next_power_of_2(max(d_rope, 1))),
+                D_IDX=index_dim, IS_FP8=kind == "fp8_ds_mla", BLOCK_T=GATHER_BLOCK_T,
+                NOPE_ALIGN=row_alignment(rows["stride_nope"]),
+                SCALE_ALIGN=row_alignment(rows["stride_scale"], rows["scale_off"]),
+                ROPE_ALIGN=row_alignment(rows["stride_rope"], rows["rope_off"]))
 
 
 def compile_for_sm90(kv_dtype: str = "fp8_ds_mla", *, d_nope: int = 512, d_rope: int = 64,
@@ -160,28 +179,17 @@ def compile_for_sm90(kv_dtype: str = "fp8_ds_mla", *, d_nope: int = 512, d_rope:
     and divisibility a launch on a contiguous cache of such rows has. For inspecting the row
     loads' vector widths, not for running it."""
     from backends.kernels.compile_target import compile_for_target
-    if kv_dtype == "fp8_ds_mla":
-        scales_start, rope_start, rb = kv_format.fp8_ds_mla_offsets(d_nope, d_rope)
-        rows = dict(stride_nope=rb, stride_scale=rb // 4, scale_off=scales_start // 4,
-                    stride_rope=rb // 2, rope_off=rope_start // 2)
-    elif kv_dtype == "bf16":
-        rows = dict(stride_nope=d_nope + d_rope, stride_scale=0, scale_off=0,
-                    stride_rope=d_nope + d_rope, rope_off=d_nope)
-    else:
+    if kv_dtype not in ("fp8_ds_mla", "bf16"):
         raise ValueError(f"kv_dtype must be 'fp8_ds_mla' or 'bf16', got {kv_dtype!r}")
     fp8 = kv_dtype == "fp8_ds_mla"
+    row_stride = kv_format.fp8_ds_mla_offsets(d_nope, d_rope)[2] if fp8 else d_nope + d_rope
+    rows = _row_views(kv_dtype, row_stride, d_nope, d_rope)
     ints = dict(rows, stride_ik_page=page_size * (index_dim + 4),
                 stride_iks_page=page_size * (index_dim + 4) // 4, stride_bt=64,
                 stride_out=d_nope + d_rope)
-    d_v_pad = triton.next_power_of_2(d_nope)
-    const = dict(PAGE=page_size, D_V=d_nope, D_V_PAD=d_v_pad, G=max(1, d_v_pad // 128),
-                 D_ROPE=d_rope, D_ROPE_PAD=max(16, triton.next_power_of_2(d_rope)),
-                 D_IDX=index_dim, IS_FP8=fp8, BLOCK_T=GATHER_BLOCK_T,
-                 NOPE_ALIGN=row_alignment(rows["stride_nope"]),
-                 SCALE_ALIGN=row_alignment(rows["stride_scale"], rows["scale_off"]),
-                 ROPE_ALIGN=row_alignment(rows["stride_rope"], rows["rope_off"]))
     ptrs = dict(nope_ptr="*u8" if fp8 else "*bf16", scale_ptr="*fp32" if fp8 else "*bf16",
                 rope_ptr="*bf16", ik_ptr="*u8", iks_ptr="*fp32", bt_ptr="*i32", len_ptr="*i32",
                 cu_ptr="*i32", out_ptr="*bf16", out_k_ptr="*u8", out_ks_ptr="*fp32")
-    return compile_for_target(_ragged_gather_kernel, const, ptrs,
-                              [n for n, v in ints.items() if v % 16 == 0], num_warps=4)
+    return compile_for_target(_ragged_gather_kernel,
+                              _constexprs(kv_dtype, rows, page_size, d_nope, d_rope, index_dim),
+                              ptrs, [n for n, v in ints.items() if v % 16 == 0], num_warps=4)
