@@ -304,8 +304,17 @@ def test_tune_summary_picks_the_fastest_correct_variant():
          "latency_us_median": 70.0, "tflops": 3.0, "launch_config": '{"num_splits": 4}'},
         {"kernel": "convert_req_index_to_global_index", "case": "B8", "kv_dtype": "bf16",
          "status": "ok", "latency_us_median": 1.0},
+        # the same shape as CUDA-graph replays: a summary row of its own, against FlashMLA's
+        # replay (not its Python call), even where a Python call of ours was faster
+        {**base, "kernel": "flashmla", "variant": None, "status": "ok", "latency_us_median": 45.0,
+         "cuda_graph": True},
+        {**base, "variant": "default", "status": "ok", "latency_us_median": 36.0, "tflops": 1.1,
+         "launch_config": '{"num_splits": 8}', "cuda_graph": True},
     ]
-    bf16, fp8 = tune_summary(rows)
+    bf16, fp8, bf16_graph = tune_summary(rows)
+    assert (bf16["mode"], fp8["mode"], bf16_graph["mode"]) == ("eager", "eager", "graph")
+    assert (bf16_graph["variant"], bf16_graph["ours_us"], bf16_graph["flashmla_us"]) == ("default", 36.0, 45.0)
+    assert bf16_graph["ratio"] == pytest.approx(0.8) and bf16_graph["n_ok"] == 1
     assert (bf16["variant"], bf16["ours_us"], bf16["default_us"], bf16["flashmla_us"]) == ("n32", 30.0, 40.0, 50.0)
     assert bf16["ratio"] == pytest.approx(0.6) and bf16["num_splits"] == 16 and bf16["tflops"] == 2.0
     assert (bf16["n_regs"], bf16["n_spills"], bf16["smem_kb"], bf16["n_ok"]) == (200, 0, 4.0, 2)

@@ -23,11 +23,13 @@ B=64/H=64/top_k=512) fresh random queries and distinct request-local top-k posit
 B=128/H=128, the TP8 B=128/H=16 and the TP4 B=128/H=32 at top_k 2048, and B=1, 2, 4, 8 at
 H=128) beside FlashMLA (``backends/kernels/flashmla_peer.py``; H=16 and 32 padded to its 64
 heads outside the timed call, as an engine pads them) on the same queries and pool, each checked against the reference first,
-all timed as Python calls (launch overhead hidden, cold L2). Our rows carry the resolved launch
+each timed as a Python call (launch overhead hidden, cold L2) and, on a GPU unless
+``--no-graph``, as a CUDA-graph replay (how engines run decode steps; the two kernels of a
+split call then launch without the Python call between them). Our rows carry the resolved launch
 (``launch_config``: every keyword argument, the split count actually launched included), the
 compiled kernel's ``n_regs`` / ``n_spills`` / ``smem_bytes``, and ``ratio_to_peer`` against
-FlashMLA. The run prints, per shape and format, the fastest correct variant beside FlashMLA
-(:func:`tune_summary`); ``python -m harness.bench.attention summary DIR`` prints that table for
+FlashMLA in the same mode. The run prints, per shape, format and mode, the fastest correct
+variant beside FlashMLA (:func:`tune_summary`); ``python -m harness.bench.attention summary DIR`` prints that table for
 stored rows. With ``--quick``: ``TUNE_QUICK``, a smoke run (FlashMLA unavailable on the CPU).
 """
 from __future__ import annotations
@@ -345,18 +347,21 @@ def tune(run: BenchRun) -> None:
     args = run.args
     grid = [t for t in (TUNE_QUICK if run.quick else TUNE) if not args.shapes or t.name in args.shapes]
     for _, kv_dtype, lse_tol, shape, prob, cols in _problems(run, grid, seed=2000):
-        peer = _flashmla_row(run, prob, cols, args.rel_tol)
-        for name, kwargs, formats in shape.variants:
-            if kv_dtype not in formats or (args.variants and name not in args.variants):
-                continue
-            row = _tuned_row(run, prob, name, kwargs, cols, args.rel_tol, lse_tol)
-            run.compare(row, peer)
+        for graph in run.graph_modes(not args.no_graph):
+            peer = _flashmla_row(run, prob, cols, args.rel_tol, graph)
+            for name, kwargs, formats in shape.variants:
+                if kv_dtype not in formats or (args.variants and name not in args.variants):
+                    continue
+                row = _tuned_row(run, prob, name, kwargs, cols, args.rel_tol, lse_tol, graph)
+                run.compare(row, peer)
     print(f"\n== attention --tune: fastest correct variant per shape ==\n"
           f"{format_table(tune_summary(run.rows), SUMMARY_TABLE)}", flush=True)
 
 
-def _flashmla_row(run: BenchRun, prob: DecodeProblem, cols: Dict, rel_tol: float) -> Dict:
-    """FlashMLA on ``prob``: heads padded to its count before timing, its first H checked."""
+def _flashmla_row(run: BenchRun, prob: DecodeProblem, cols: Dict, rel_tol: float,
+                  graph: bool) -> Dict:
+    """FlashMLA on ``prob``: heads padded to its count before timing, its first H checked;
+    ``graph``: timed as a CUDA-graph replay."""
     b, h, d_qk = prob.q.shape
     try:
         hp = padded_heads(h)
@@ -370,13 +375,13 @@ def _flashmla_row(run: BenchRun, prob: DecodeProblem, cols: Dict, rel_tol: float
     return run.measure(
         lambda: flashmla_attention(run.device)(q, pool.cache, prob.indices, SM_SCALE, d_v=pool.d_v),
         check=lambda out: prob.check_attention((out[0][:, :h], out[1][:, :h]), rel_tol, None),
-        kernel="flashmla", variant=f"heads{hp}" if hp != h else None, **cols)
+        graph=graph, kernel="flashmla", variant=f"heads{hp}" if hp != h else None, **cols)
 
 
 def _tuned_row(run: BenchRun, prob: DecodeProblem, name: str, kwargs: dict, cols: Dict,
-               rel_tol: float, lse_tol: float) -> Dict:
+               rel_tol: float, lse_tol: float, graph: bool) -> Dict:
     """One variant: launched once for its resolved configuration and compiled resources, then
-    checked and timed like every row."""
+    checked and timed like every row (``graph``: as a CUDA-graph replay)."""
     pool = prob.pool
     if kwargs.get("kernel") == "ws":      # Hopper and DeepSeek-V3.2's widths only: a skip elsewhere
         why = ws_supported(prob.q, pool.cache, pool.d_v)
@@ -396,11 +401,12 @@ def _tuned_row(run: BenchRun, prob: DecodeProblem, name: str, kwargs: dict, cols
     return run.measure(
         lambda: sparse_mla_decode(prob.q, pool.cache, prob.indices, SM_SCALE, pool.d_v, **kwargs),
         check=lambda out: prob.check_attention(out, rel_tol, lse_tol),
-        kernel="sparse_mla_decode", variant=name, **compiled, **cols)
+        graph=graph, kernel="sparse_mla_decode", variant=name, **compiled, **cols)
 
 
 #: the summary's columns: (header, key of a :func:`tune_summary` row, format)
-SUMMARY_TABLE = [("shape", "case", "s"), ("kv", "kv_dtype", "s"), ("best", "variant", "s"),
+SUMMARY_TABLE = [("shape", "case", "s"), ("kv", "kv_dtype", "s"), ("mode", "mode", "s"),
+                 ("best", "variant", "s"),
                  ("splits", "num_splits", "d"), ("ours_us", "ours_us", ".1f"),
                  ("default_us", "default_us", ".1f"), ("flashmla_us", "flashmla_us", ".1f"),
                  ("ratio", "ratio", ".2f"), ("TFLOP/s", "tflops", ".0f"),
@@ -410,20 +416,22 @@ SUMMARY_TABLE = [("shape", "case", "s"), ("kv", "kv_dtype", "s"), ("best", "vari
 
 
 def tune_summary(rows: Union[pd.DataFrame, Iterable[Mapping]]) -> List[Dict]:
-    """Per (case, kv_dtype): the fastest ``sparse_mla_decode`` row with status ``ok``
+    """Per (case, kv_dtype, mode: ``eager`` or ``graph`` from ``cuda_graph``): the fastest
+    ``sparse_mla_decode`` row with status ``ok``
     (``variant``, its ``ours_us`` median and ``tflops``, compiled ``n_regs`` / ``n_spills`` /
     ``smem_kb``, launched ``num_splits``), the ``default`` variant's median (``default_us``),
-    the ``flashmla`` row's median when ok (``flashmla_us``), ``ratio`` = ours_us / flashmla_us
+    the same mode's ``flashmla`` row's median when ok (``flashmla_us``), ``ratio`` = ours_us / flashmla_us
     (NaN without an ok FlashMLA row), ``n_ok`` (variants ok) and ``not_ok`` (the others,
     ``variant:status``). Cases in first-seen order; a case without an ok variant shows NaN."""
     records = rows.to_dict("records") if isinstance(rows, pd.DataFrame) else [dict(r) for r in rows]
-    groups: Dict[Tuple[str, str], List[Dict]] = {}
+    groups: Dict[Tuple[str, str, str], List[Dict]] = {}
     for r in records:
         if r.get("kernel") in ("sparse_mla_decode", "flashmla") and r.get("case"):
-            groups.setdefault((r["case"], r["kv_dtype"]), []).append(r)
+            mode = "graph" if _value(r.get("cuda_graph")) else "eager"
+            groups.setdefault((r["case"], r["kv_dtype"], mode), []).append(r)
     nan = float("nan")
     out = []
-    for (case, kv), rs in groups.items():
+    for (case, kv, mode), rs in groups.items():
         ours = [r for r in rs if r["kernel"] == "sparse_mla_decode"]
         ok = [r for r in ours if r.get("status") == "ok"]
         theirs = [r for r in rs if r["kernel"] == "flashmla" and r.get("status") == "ok"]
@@ -433,7 +441,7 @@ def tune_summary(rows: Union[pd.DataFrame, Iterable[Mapping]]) -> List[Dict]:
         ours_us = best.get("latency_us_median", nan)
         launch = json.loads(best["launch_config"]) if best.get("launch_config") else {}
         smem = _value(best.get("smem_bytes"))
-        out.append({"case": case, "kv_dtype": kv, "variant": best.get("variant"),
+        out.append({"case": case, "kv_dtype": kv, "mode": mode, "variant": best.get("variant"),
                     "num_splits": launch.get("num_splits"), "ours_us": ours_us,
                     "default_us": default[0]["latency_us_median"] if default else nan,
                     "flashmla_us": flash_us,
