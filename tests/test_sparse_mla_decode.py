@@ -343,6 +343,22 @@ def test_tune_quick_runs_every_variant_against_the_reference(tmp_path, capsys):
     assert "fastest correct variant per shape" in capsys.readouterr().out
 
 
+@pytest.mark.gpu
+def test_tune_quick_times_graph_replays_on_the_gpu(tmp_path):
+    """On CUDA, --tune times every variant (and FlashMLA) as a Python call and as a CUDA-graph
+    replay, both checked; the summary has a line per mode."""
+    from harness import results
+    from harness.bench.__main__ import main
+    from harness.bench.attention import TUNE_QUICK, tune_summary
+    rc = main(["run", "attention", "--quick", "--tune", "--formats", "bf16", "--out", str(tmp_path)])
+    df = results.load(tmp_path)
+    ours = df[df["kernel"] == "sparse_mla_decode"]
+    n = len(TUNE_QUICK[0].variants)
+    assert rc == 0 and len(ours) == 2 * n and int(ours["cuda_graph"].sum()) == n
+    assert set(ours["status"]) == {"ok"} and (ours["max_rel_err"] <= 1e-2).all()
+    assert sorted(r["mode"] for r in tune_summary(df)) == ["eager", "graph"]
+
+
 # ------------------------------- what the compiler makes of it (no GPU) -------------------------------
 
 _COMPILE_REPORT = r"""
