@@ -17,7 +17,8 @@ from backends import BACKENDS
 from backends.flashmla_sparse import FlashMLASparseBackend
 from backends.hisparse import EXTEND_UNSUPPORTED as HISPARSE_INVALID
 from backends.kernels.indexer import pad_index_heads
-from backends.kernels.ragged_gather import ragged_gather, row_alignment
+from backends.kernels.kv_format import row_alignment
+from backends.kernels.ragged_gather import ragged_gather
 from harness.runner import run_point
 from harness.scenarios.extend import (ExtendWorkload, check_topk, ragged_gather_ref, reference_attention,
                                       reference_logits, selected_positions, shared_block_table)
@@ -153,6 +154,7 @@ def test_row_alignment_is_the_largest_power_of_two_dividing_every_term():
     assert row_alignment(392) == 8 and row_alignment(656) == 16 and row_alignment(98, 64) == 2
     assert row_alignment(196, 132) == 4 and row_alignment(320, 256) == 16
     assert row_alignment(0, 0) == 16 and row_alignment(7) == 1 and row_alignment(48, 24) == 8
+    assert row_alignment(196, 132, cap=8) == 4 and row_alignment(328, 264, cap=8) == 8
 
 
 _GATHER_LOADS = r"""

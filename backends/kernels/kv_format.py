@@ -107,6 +107,19 @@ def row_bytes(kv_dtype: str, d_nope: int, d_rope: int) -> int:
     return d_nope + 4 * (d_nope // FP8_TILE) + 2 * d_rope
 
 
+def row_alignment(*terms: int, cap: int = 16) -> int:
+    """The largest power of two <= ``cap`` dividing every one of ``terms`` (a row stride and
+    offsets into the row, in elements of a view): what ``slot * stride + offset`` is a multiple
+    of for any slot (``cap`` for all zeros). Kernels state it (``tl.multiple_of``) or size
+    their vectors by it rather than leave it to the compiler (Triton 3.6 over-assumed it for
+    the gather's 392-byte rows: BENCHMARKS.md 6u)."""
+    align = cap
+    for t in terms:
+        while t % align:
+            align //= 2
+    return align
+
+
 def fp8_ds_mla_offsets(d_nope: int, d_rope: int) -> Tuple[int, int, int]:
     """Byte offsets inside an ``fp8_ds_mla`` row: ``(scales_start, rope_start, row_bytes)``."""
     rb = row_bytes("fp8_ds_mla", d_nope, d_rope)

@@ -81,17 +81,6 @@ def _ragged_gather_kernel(
 GATHER_BLOCK_T = 16
 
 
-def row_alignment(*terms: int) -> int:
-    """The largest power of two <= 16 dividing every one of ``terms`` (a row stride and an
-    offset into the row, in elements): what ``slot * stride + offset`` is a multiple of for
-    any slot (16 for all zeros)."""
-    align = 16
-    for t in terms:
-        while t % align:
-            align //= 2
-    return align
-
-
 def ragged_gather(kv_rows: torch.Tensor, index_cache: torch.Tensor, block_table: torch.Tensor,
                   lens: torch.Tensor, cu: torch.Tensor, out: torch.Tensor, out_keys: torch.Tensor,
                   out_key_scales: torch.Tensor, *, page_size: int, d_nope: int, d_rope: int,
@@ -166,9 +155,9 @@ def _constexprs(kind: str, rows: dict, page_size: int, d_nope: int, d_rope: int,
     return dict(PAGE=page_size, D_V=d_nope, D_V_PAD=d_v_pad, G=max(1, d_v_pad // 128),
                 D_ROPE=d_rope, D_ROPE_PAD=max(16, triton.next_power_of_2(max(d_rope, 1))),
                 D_IDX=index_dim, IS_FP8=kind == "fp8_ds_mla", BLOCK_T=GATHER_BLOCK_T,
-                NOPE_ALIGN=row_alignment(rows["stride_nope"]),
-                SCALE_ALIGN=row_alignment(rows["stride_scale"], rows["scale_off"]),
-                ROPE_ALIGN=row_alignment(rows["stride_rope"], rows["rope_off"]))
+                NOPE_ALIGN=kv_format.row_alignment(rows["stride_nope"]),
+                SCALE_ALIGN=kv_format.row_alignment(rows["stride_scale"], rows["scale_off"]),
+                ROPE_ALIGN=kv_format.row_alignment(rows["stride_rope"], rows["rope_off"]))
 
 
 def compile_for_sm90(kv_dtype: str = "fp8_ds_mla", *, d_nope: int = 512, d_rope: int = 64,

@@ -67,7 +67,8 @@ import torch
 import triton
 import triton.language as tl
 
-from backends.kernels.kv_format import FP8_TILE, fp8_ds_mla_offsets, kv_dtype_of, row_bytes
+from backends.kernels.kv_format import (FP8_TILE, fp8_ds_mla_offsets, kv_dtype_of, row_alignment,
+                                        row_bytes)
 
 __all__ = ["sparse_mla_decode", "sparse_mla_decode_with_info", "compile_for_arch", "LaunchInfo",
            "choose_num_splits", "DEFAULT_NUM_SMS", "check_decode_inputs", "plan_splits",
@@ -421,14 +422,6 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _pow2_divisor(*vals: int, cap: int) -> int:
-    """Largest power of two <= ``cap`` dividing every value (alignment hint, in elements)."""
-    v = cap
-    while v > 1 and any(x % v for x in vals):
-        v //= 2
-    return v
-
-
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -546,7 +539,7 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stride_rope: int, rope_off: in
                 G=max(1, d_v_pad // FP8_TILE), IS_FP8=(kind == "fp8_ds_mla"), SPLIT=split,
                 PREFETCH=_PREFETCH_MODES[prefetch], SPLIT_SCORES=split_scores,
                 BLOCK_H=block_h, BLOCK_N=block_n,
-                ROPE_VEC=_pow2_divisor(stride_rope, rope_off, cap=8),
+                ROPE_VEC=row_alignment(stride_rope, rope_off, cap=8),
                 MMA_DTYPE=tl.bfloat16 if mma_dtype == torch.bfloat16 else tl.float16)
 
 
