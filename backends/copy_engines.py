@@ -28,6 +28,7 @@ import triton
 
 from backends.kernels.host_copy import (copy_planned_rows_kernel,
                                         copy_planned_rows_persistent_kernel)
+from backends.kernels.kv_format import row_alignment
 from backends.kernels.swap_in import next_pow2
 
 COPY_ENGINES = ("uva_kernel", "memcpy", "staged")
@@ -47,9 +48,7 @@ def row_tile(words: torch.Tensor) -> dict:
     ``[n, WORDS]`` (``word_view``): ``WORDS``, ``VEC`` (words per 16-byte group where the row
     allows) and ``GROUP_BLOCK`` (groups a row, rounded up to a power of two)."""
     n_words = words.shape[1]
-    vec = max(1, 16 // words.element_size())
-    while n_words % vec:
-        vec //= 2
+    vec = row_alignment(n_words, cap=max(1, 16 // words.element_size()))
     return {"WORDS": n_words, "VEC": vec, "GROUP_BLOCK": next_pow2(n_words // vec)}
 
 
