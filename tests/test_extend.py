@@ -309,9 +309,9 @@ def test_extend_step_with_tiny_rows_on_the_gpu(kv_dtype):
     """The extend layer step on CUDA at the ``tiny`` model's sizes, whose fp8_ds_mla rows (392
     bytes) are only 8-byte aligned (dsv32's 656 are 16): the ragged gather, the indexer, the
     top-k and the attention against the references, every launch completed before the checks
-    (a misaligned access shows here, not in a later test). On the H200 a sticky "misaligned
-    address" came first in this step's CPU-suite fixture when the CPU tests ran with CUDA
-    visible (BENCHMARKS.md 6t)."""
+    (a misaligned access shows here, not in a later test). On the H200 the gather loaded these
+    rows as 16-byte vectors until it stated their alignment (Triton 3.6: "misaligned address",
+    BENCHMARKS.md 6t, 6u)."""
     ew = _build(torch.device("cuda"), kv_dtype=kv_dtype)
     assert kv_dtype != "fp8_ds_mla" or ew.kv_flat(0).stride(0) % 16 == 8
     step, q, qi, wi, out, lse, _ = _run_layer(ew)
