@@ -19,6 +19,7 @@ import torch
 
 from backends.kernels.flashmla_peer import PeerUnavailable
 from backends.kernels.nvcc_build import build_cached, default_arch, gencode
+from backends.kernels.swap_in import next_pow2
 
 RESOLVE_CU = Path(__file__).with_name("swap_in_resolve.cu")
 DEFAULT_BUILD_DIR = Path(__file__).resolve().parents[2] / ".kernel_build"
@@ -36,10 +37,6 @@ _I32 = ("req64", "seq64", "page_mode", "launch_dependents", "threads", "pad_")
 class _ResolveArgs(ctypes.Structure):
     _fields_ = ([(n, ctypes.c_void_p) for n in _PTRS] + [(n, ctypes.c_int64) for n in _I64]
                 + [(n, ctypes.c_int32) for n in _I32] + [("stream", ctypes.c_void_p)])
-
-
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
 
 
 @dataclass(frozen=True)
@@ -63,7 +60,7 @@ def cuda_resolve_shape(top_k: int, hot_units: int, num_warps: Optional[int] = No
     if num_warps is not None and num_warps not in (1, 2, 4, 8, 16, 32):
         raise ValueError(f"num_warps must be one of 1, 2, 4, 8, 16, 32, got {num_warps!r}")
     t = MAX_THREADS if num_warps is None else 32 * num_warps
-    ept, lpt = _pow2_at_least(-(-top_k // t)), _pow2_at_least(-(-hot_units // t))
+    ept, lpt = next_pow2(-(-top_k // t)), next_pow2(-(-hot_units // t))
     if ept > MAX_EPT or lpt > MAX_LPT:
         raise ValueError(f"the CUDA resolve takes top_k <= {MAX_EPT * t} and hot units <= "
                          f"{MAX_LPT * t} at {t // 32} warps; got top_k {top_k}, hot units "
@@ -71,7 +68,7 @@ def cuda_resolve_shape(top_k: int, hot_units: int, num_warps: Optional[int] = No
     if num_warps is None:
         need = max(-(-top_k // ept), -(-hot_units // lpt))
         t = min(MAX_THREADS, max(32, -(-need // 32) * 32))
-    hs = _pow2_at_least(max(4 * top_k, 2))      # load factor <= 1/4; <= 1/2 where that fits
+    hs = next_pow2(max(4 * top_k, 2))      # load factor <= 1/4; <= 1/2 where that fits
     if (3 * hs + hot_units) * 4 > MAX_DYNAMIC_SMEM:
         hs //= 2
     smem = (3 * hs + hot_units) * 4
