@@ -1,6 +1,6 @@
 """Host memory the GPU reads in place (zero copy over UVA): the offloading designs' host KV pools.
 
-Three allocations (``HOST_ALLOCS``):
+Five allocations (``HOST_ALLOCS``):
 
 * ``pinned``: ``torch.empty(pin_memory=True)``, i.e. cudaHostAlloc through torch's caching host
   allocator (4 KiB pages; torch rounds the block up to a power of two; a freed block is kept for
@@ -14,9 +14,15 @@ Three allocations (``HOST_ALLOCS``):
   scattered over a pool of gigabytes (``BENCHMARKS.md`` 6d). Whether the kernel backs the
   mapping with huge pages depends on ``/sys/kernel/mm/transparent_hugepage``; ``huge_fraction``
   says how much of it got them.
+* ``hugetlb_2m`` / ``hugetlb_1g``: an anonymous mapping in explicit huge pages of 2 MiB / 1 GiB
+  (``MAP_HUGETLB``) from the kernel's reserved pool, then page-locked and mapped for the device
+  with ``cudaHostRegister``. Every byte is in huge pages or the allocation fails: the pool must
+  hold enough free pages (``/sys/kernel/mm/hugepages/hugepages-<size>kB/nr_hugepages``, set by
+  root), which :func:`hugetlb_free_bytes` reads; without them HostRows raises MemoryError naming
+  that file before anything is mapped.
 
-Without CUDA none is page-locked: each is plain pageable memory (``thp`` the same mapping,
-unregistered); the Triton interpreter reads it directly.
+Without CUDA none is page-locked: each is plain pageable memory (``thp`` and ``hugetlb_*`` the
+same mapping, unregistered); the Triton interpreter reads it directly.
 """
 from __future__ import annotations
 
@@ -31,8 +37,12 @@ import triton
 from backends.copy_engines import row_tile, word_view
 from backends.kernels.host_copy import copy_indexed_rows_kernel
 
-HOST_ALLOCS = ("pinned", "registered", "thp")
+HOST_ALLOCS = ("pinned", "registered", "thp", "hugetlb_2m", "hugetlb_1g")
 HUGE_PAGE = 2 << 20
+#: explicit huge page sizes in bytes, by allocation name
+HUGETLB_PAGE = {"hugetlb_2m": 2 << 20, "hugetlb_1g": 1 << 30}
+_MAP_HUGETLB, _MAP_HUGE_SHIFT = 0x40000, 26            # Linux <sys/mman.h>, every architecture
+_HUGEPAGES_DIR = "/sys/kernel/mm/hugepages"
 
 
 def _unregister(ptr: int) -> None:
@@ -61,9 +71,12 @@ class HostRows:
             if cuda:
                 self._register(self.tensor.data_ptr(), self.nbytes)
             return
-        self._map = mmap.mmap(-1, self.nbytes + HUGE_PAGE,
-                              flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        self._map.madvise(mmap.MADV_HUGEPAGE)
+        if alloc == "thp":
+            self._map = mmap.mmap(-1, self.nbytes + HUGE_PAGE,
+                                  flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            self._map.madvise(mmap.MADV_HUGEPAGE)
+        else:
+            self._map = _hugetlb_map(self.nbytes, alloc)
         flat = torch.frombuffer(self._map, dtype=torch.uint8)
         skip = (-flat.data_ptr()) % HUGE_PAGE
         self.tensor = flat[skip:skip + self.nbytes].view(self.shape)
@@ -82,8 +95,43 @@ class HostRows:
 
     @property
     def huge_fraction(self) -> float:
-        """Share of the bytes backed by transparent huge pages (NaN where not readable)."""
+        """Share of the bytes backed by huge pages: transparent ones (NaN where not readable),
+        1.0 for ``hugetlb_*`` (no other page backs such a mapping)."""
+        if self.alloc in HUGETLB_PAGE:
+            return 1.0
         return anon_huge_fraction(self.tensor.data_ptr(), self.nbytes)
+
+
+def hugetlb_free_bytes(page_bytes: int) -> int:
+    """Bytes of free explicit huge pages of ``page_bytes`` the kernel holds (0 where it has no
+    such pool or it cannot be read)."""
+    try:
+        with open(f"{_HUGEPAGES_DIR}/hugepages-{page_bytes >> 10}kB/free_hugepages") as f:
+            return int(f.read()) * page_bytes
+    except (OSError, ValueError):
+        return 0
+
+
+def _hugetlb_map(nbytes: int, alloc: str) -> mmap.mmap:
+    """An anonymous private mapping of ``nbytes`` rounded up to whole huge pages of ``alloc``'s
+    size (``MAP_HUGETLB``). MemoryError, before mapping, when the kernel's pool has too few free
+    pages (the message names the file that sets it), or when the mapping fails."""
+    page_bytes = HUGETLB_PAGE[alloc]
+    size = -(-nbytes // page_bytes) * page_bytes
+    pool = f"{_HUGEPAGES_DIR}/hugepages-{page_bytes >> 10}kB/nr_hugepages"
+    free = hugetlb_free_bytes(page_bytes)
+    if free < size:
+        raise MemoryError(
+            f"host_alloc {alloc} needs {size // page_bytes} free {page_bytes >> 20} MiB huge "
+            f"pages, the kernel has {free // page_bytes}: "
+            f"reserve them first (as root: echo N > {pool})")
+    flags = (mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_HUGETLB
+             | (page_bytes.bit_length() - 1) << _MAP_HUGE_SHIFT)
+    try:
+        return mmap.mmap(-1, size, flags=flags)
+    except OSError as e:
+        raise MemoryError(f"mapping {size} bytes in {page_bytes >> 20} MiB huge pages failed: {e}"
+                          ) from e
 
 
 def copy_pool_rows(dst: torch.Tensor, dst_rows, src: torch.Tensor, src_rows=None,

@@ -7,7 +7,7 @@ import socket
 import subprocess
 from datetime import datetime, timezone
 from functools import lru_cache
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 
@@ -24,8 +24,23 @@ def _git(*args: str) -> str:
         return ""
 
 
+def host_virtualized(cpuinfo: str = "/proc/cpuinfo") -> Optional[bool]:
+    """Whether this machine is a virtual machine (the CPU's ``hypervisor`` flag in ``cpuinfo``;
+    None where that cannot be read). In one, the GPU's reads of host memory go
+    through the hypervisor's IOMMU translation of guest addresses, which the guest cannot see
+    or configure (BENCHMARKS 6v)."""
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return "hypervisor" in line.split()
+    except OSError:
+        pass
+    return None
+
+
 def provenance(device: str) -> Dict[str, object]:
-    """git_sha, git_dirty, torch/triton versions, the FlashMLA build (``flashmla_peer.flashmla_build``: distribution, version, commit or "none"), GPU name and host of this process; the GPU slot
+    """git_sha, git_dirty, torch/triton versions, the FlashMLA build (``flashmla_peer.flashmla_build``: distribution, version, commit or "none"), GPU name and host of this process, whether the host is a virtual machine (:func:`host_virtualized`); the GPU slot
     it runs on under ``hydra/launcher=local_gpus`` (``harness.launchers.gpu_slot``) and its
     ``CUDA_VISIBLE_DEVICES``."""
     return {**_process_provenance(device), "gpu_slot": gpu_slot(),
@@ -51,6 +66,7 @@ def _process_provenance(device: str) -> Dict[str, object]:
         "flashmla_build": flashmla_build(),
         "gpu_name": gpu,
         "hostname": socket.gethostname(),
+        "host_virtualized": host_virtualized(),
     }
 
 

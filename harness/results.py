@@ -154,6 +154,7 @@ COLUMNS: Dict[str, str] = {
     "flashmla_build": "string",   # harness.env.flashmla_build: distribution version commit, or none
     "gpu_name": "string",
     "hostname": "string",
+    "host_virtualized": "boolean",  # harness.env.host_virtualized: a VM (None: unknown)
     "gpu_slot": "Int64", "cuda_visible_devices": "string",  # hydra/launcher=local_gpus slot; as the job saw it
     "repro_command": "string",
     "config_hash": "string",

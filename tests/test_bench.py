@@ -35,8 +35,8 @@ REPEATS = 2
 WARMUP = 0
 #: columns every bench row carries
 SHARED = ("schema_version", "bench", "kernel", "device", "status", "git_sha", "torch_version",
-          "triton_version", "gpu_name", "hostname", "repro_command", "timestamp", "cold_l2",
-          "cuda_graph")
+          "triton_version", "gpu_name", "hostname", "host_virtualized", "repro_command",
+          "timestamp", "cold_l2", "cuda_graph")
 
 
 def run_bench(tmp_path, name, *options):

@@ -5,7 +5,9 @@ import torch
 
 from backends.hisparse_coordinator import HiSparseCoordinator
 from backends.copy_engines import row_tile, word_view
-from backends.host_memory import HUGE_PAGE, HostRows, anon_huge_fraction, copy_pool_rows
+import backends.host_memory as host_memory
+from backends.host_memory import (HUGE_PAGE, HUGETLB_PAGE, HostRows, anon_huge_fraction,
+                                  copy_pool_rows, hugetlb_free_bytes)
 from backends.kernels.host_copy import copy_indexed_rows_kernel
 from harness.lru_model import CoordinatorModel
 
@@ -21,6 +23,64 @@ def test_host_rows_hold_what_is_written(alloc):
         assert m.tensor.data_ptr() % HUGE_PAGE == 0      # aligned for whole huge pages
         f = m.huge_fraction
         assert np.isnan(f) or 0.0 <= f <= 1.0
+
+
+def _fake_hugepages(tmp_path, free_2m, free_1g):
+    for kb, free in ((2048, free_2m), (1048576, free_1g)):
+        d = tmp_path / f"hugepages-{kb}kB"
+        d.mkdir()
+        (d / "free_hugepages").write_text(f"{free}\n")
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("alloc", ["hugetlb_2m", "hugetlb_1g"])
+def test_hugetlb_without_enough_free_pages_names_the_pool_to_reserve(alloc, tmp_path,
+                                                                     monkeypatch):
+    """Too few free pages of the size: MemoryError naming the allocation, the pages needed and
+    held, and the sysfs file that reserves them, before anything is mapped; the coordinator
+    turns it into its OOM error (a sweep's status row)."""
+    monkeypatch.setattr(host_memory, "_HUGEPAGES_DIR", _fake_hugepages(tmp_path, 1, 0))
+    page = HUGETLB_PAGE[alloc]
+    assert hugetlb_free_bytes(page) == (page if alloc == "hugetlb_2m" else 0)
+    rows = (3 * page // 656 + 1, 656)                # 3 pages and a byte: 4 pages needed
+    with pytest.raises(MemoryError, match=rf"host_alloc {alloc} needs 4 free {page >> 20} MiB "
+                       rf"huge pages, the kernel has {1 if alloc == 'hugetlb_2m' else 0}: .*"
+                       rf"hugepages-{page >> 10}kB/nr_hugepages"):
+        HostRows(rows, alloc, cuda=False)
+    from backends.hisparse_coordinator import HiSparseOOMError
+    with pytest.raises(HiSparseOOMError, match=f"{alloc} host memory.*needs"):
+        HiSparseCoordinator(num_layers=1, max_requests=4, max_seq_len=1 << 20, row_bytes=656,
+                            top_k=4, host_alloc=alloc, device="cpu")
+
+
+def test_hugetlb_free_bytes_reads_the_kernels_pool(tmp_path, monkeypatch):
+    monkeypatch.setattr(host_memory, "_HUGEPAGES_DIR", _fake_hugepages(tmp_path, 7, 2))
+    assert hugetlb_free_bytes(2 << 20) == 7 * (2 << 20)
+    assert hugetlb_free_bytes(1 << 30) == 2 << 30
+    assert hugetlb_free_bytes(16 << 30) == 0             # no such pool
+
+
+@pytest.mark.parametrize("cuda", [False, pytest.param(True, marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("alloc", ["hugetlb_2m", "hugetlb_1g"])
+def test_hugetlb_rows_hold_what_is_written_where_pages_are_reserved(alloc, cuda):
+    """Where the machine has free pages of the size (none are reserved by this test): the rows
+    lie in a mapping aligned to the page, hold what is written, and (on CUDA) a GPU kernel reads
+    them in place."""
+    page = HUGETLB_PAGE[alloc]
+    if hugetlb_free_bytes(page) < page:
+        pytest.skip(f"no free {page >> 20} MiB huge pages here")
+    m = HostRows((3000, 656), alloc, cuda=cuda)
+    assert m.tensor.data_ptr() % page == 0 and m.huge_fraction == 1.0
+    x = torch.randint(0, 256, (3000, 656), dtype=torch.uint8,
+                      generator=torch.Generator().manual_seed(9))
+    m.tensor.copy_(x)
+    assert torch.equal(m.tensor, x)
+    if cuda:
+        assert m.tensor.is_pinned()
+        idx = np.random.default_rng(9).choice(3000, 500, replace=False)
+        dev = torch.zeros((500, 656), dtype=torch.uint8, device="cuda")
+        copy_pool_rows(dev, np.arange(500), m.tensor, idx)
+        assert torch.equal(dev.cpu(), x[torch.from_numpy(idx)])
 
 
 def test_host_rows_reject_an_unknown_allocation():

@@ -57,10 +57,11 @@ import torch
 from backends.copy_engines import (COPY_ENGINES, UVA_CUDA_LAUNCH, UvaKernelEngine,
                                    uva_engine_per_sm)
 from backends.hisparse_coordinator import DEFAULT_HOST_ALLOC, HOST_PAGE_ORDERS, HiSparseCoordinator
-from backends.host_memory import HOST_ALLOCS, HostRows
+from backends.host_memory import HOST_ALLOCS, HUGETLB_PAGE, HostRows, hugetlb_free_bytes
 from backends.kernels.swap_in import RESOLVE_KERNELS, ResolveLaunch
 from backends.kernels.swap_in_cuda import cuda_resolve_unavailable
 from harness import results
+from harness.env import host_virtualized
 from harness.bench.measure import NAN, BenchRun, Check, exact
 from harness.bench.registry import register
 from harness.bench.table import format_table
@@ -482,6 +483,13 @@ def evict_host_caches(nbytes: int = 2 << 30) -> None:
 def pool_fits(nbytes: int, alloc: str) -> Tuple[bool, str]:
     """Whether a host pool of ``nbytes`` can be allocated now (torch's pinned allocator rounds
     up to a power of two), and the reason when not."""
+    if alloc in HUGETLB_PAGE:
+        page = HUGETLB_PAGE[alloc]
+        need, free = -(-nbytes // page) * page, hugetlb_free_bytes(page)
+        if need > free:
+            return False, (f"needs {need // page} free {page >> 20} MiB huge pages ({alloc}), "
+                           f"the kernel has {free // page}")
+        return True, ""
     need = next_pow2_bytes(nbytes) if alloc == "pinned" else nbytes
     avail = host_available_bytes()
     if need > 0.8 * avail:
@@ -515,6 +523,9 @@ def host_facts(device: torch.device) -> str:
                     if n.startswith("node")}) if os.path.isdir("/sys/devices/system/cpu") else []
     facts.append(f"cpus {len(cpus)} on {','.join(nodes) or '?'}")
     facts.append(f"thp {read('/sys/kernel/mm/transparent_hugepage/enabled')}")
+    facts.append("hugetlb free " + ", ".join(f"{a[-2:]} {hugetlb_free_bytes(p) // p}"
+                                              for a, p in HUGETLB_PAGE.items()))
+    facts.append(f"virtualized {host_virtualized()}")
     groups = "/sys/kernel/iommu_groups"
     facts.append(f"iommu_groups {len(os.listdir(groups)) if os.path.isdir(groups) else 0}")
     return "; ".join(facts)
@@ -688,12 +699,12 @@ def context(run: BenchRun, sz: Sizes) -> None:
     for alloc, order in itertools.product(run.args.host_alloc, run.args.host_page_order):
         for S in sz.context_lens:
             nbytes = B * S * sz.row_bytes
-            ok, why = pool_fits(nbytes, "pinned") if alloc == "pinned" else pool_fits(nbytes, alloc)
+            ok, why = pool_fits(nbytes, alloc)
             if not ok:
                 print(f"[swap_in] context {S} ({alloc}) skipped: {why}", flush=True)
                 continue
             c = coordinator(sz, run.device, B, S, host_alloc=alloc, host_page_order=order)
-            if alloc == "thp":
+            if alloc not in ("pinned", "registered"):
                 print(f"[swap_in] context {S}: {c._host_memory.huge_fraction:.0%} of the host "
                       f"pool in huge pages", flush=True)
             mirror = torch.zeros((c.host_rows, sz.row_bytes), dtype=torch.uint8,
