@@ -696,6 +696,7 @@ def context(run: BenchRun, sz: Sizes) -> None:
     order (each request's pages adjacent in the pool)."""
     B, K = sz.context_batch, sz.top_k
     reqs = list(range(B))
+    print(f"[swap_in] host: {host_facts(run.device)}", flush=True)
     for alloc, order in itertools.product(run.args.host_alloc, run.args.host_page_order):
         for S in sz.context_lens:
             nbytes = B * S * sz.row_bytes
