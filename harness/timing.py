@@ -14,6 +14,9 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
+from backends.host_memory import HostRows
+from backends.kernels.host_copy import touch_pages_kernel
+
 
 @dataclass(frozen=True)
 class TimingStats:
@@ -51,6 +54,44 @@ class L2Flusher:
     def __call__(self) -> None:
         if self.buf is not None:
             self.buf.random_(0, 1 << 30)
+
+
+class HostTranslationFlusher:
+    """Evicts the GPU's cached translations of host addresses (its TLBs for system memory and,
+    under a hypervisor, the IOMMU's) by reading one word of every 4 KiB page of a page-locked
+    host buffer of ``nbytes`` (``touch_pages_kernel``); no-op on the CPU. The host KV of a
+    served model spans every layer's pool, far beyond what those caches reach, so each layer's
+    swap-in translates its rows afresh; a one-layer benchmark whose pool fits the reach does
+    not, unless this runs before each timed call (BENCHMARKS 6v). The buffer is filled with
+    random words once; ``last_sum`` is the sum of the words read by the last call."""
+
+    PAGE_BYTES = 4096
+    BLOCK = 1024
+
+    def __init__(self, device: torch.device | str, nbytes: int = 4 << 30):
+        self.device = torch.device(device)
+        self.n_pages = max(1, int(nbytes) // self.PAGE_BYTES)
+        self.host = self.sums = None
+        if is_cuda(self.device):
+            self.host = HostRows((self.n_pages * self.PAGE_BYTES,), "registered")
+            g = torch.Generator().manual_seed(0)
+            words = self.host.tensor.view(torch.int32).view(self.n_pages, -1)
+            words[:, 0] = torch.randint(-(1 << 20), 1 << 20, (self.n_pages,), generator=g,
+                                        dtype=torch.int32)
+            self.sums = torch.empty(-(-self.n_pages // self.BLOCK), dtype=torch.int32,
+                                    device=self.device)
+
+    def __call__(self) -> None:
+        if self.host is None:
+            return
+        with torch.cuda.device(self.device):
+            touch_pages_kernel[(self.sums.numel(),)](
+                self.host.tensor.view(torch.int32), self.n_pages, self.sums,
+                PAGE_WORDS=self.PAGE_BYTES // 4, BLOCK=self.BLOCK, num_warps=8)
+
+    @property
+    def last_sum(self) -> int:
+        return int(self.sums.sum()) if self.sums is not None else 0
 
 
 #: GPU cycles per microsecond assumed when sizing the launch shield (H200 boost ~1.98 GHz)

@@ -138,3 +138,17 @@ def copy_indexed_rows_kernel(src_pool_ptr, dst_pool_ptr, src_rows_ptr, dst_rows_
     src = tl.load(src_rows_ptr + i, mask=live, other=0)
     dst = tl.load(dst_rows_ptr + i, mask=live, other=0)
     copy_row_tile(src_pool_ptr, dst_pool_ptr, src, dst, live, WORDS, VEC, GROUP_BLOCK)
+
+
+@triton.jit
+def touch_pages_kernel(buf_ptr, n_pages, sums_ptr, PAGE_WORDS: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    """Reads the first int32 word of ``BLOCK`` consecutive pages of ``buf`` (``PAGE_WORDS``
+    words apart; host memory read in place over UVA on the GPU) a program, pages past
+    ``n_pages`` masked, and stores their sum at ``sums[program]`` (so no read is dropped).
+    Each read makes the GPU translate one more host page: over a buffer larger than the
+    translation caches reach, it evicts what they held (``harness.timing.HostTranslationFlusher``)."""
+    pid = tl.program_id(0)
+    page = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(buf_ptr + page * PAGE_WORDS, mask=page < n_pages, other=0)
+    tl.store(sums_ptr + pid, tl.sum(v, axis=0))

@@ -1,0 +1,38 @@
+"""The host translation flush (``harness.timing.HostTranslationFlusher``) and its kernel."""
+import numpy as np
+import pytest
+import torch
+
+from backends.kernels.host_copy import touch_pages_kernel
+from harness.timing import HostTranslationFlusher
+
+
+def test_touch_pages_kernel_sums_the_first_word_of_every_page():
+    """Through the interpreter: program p stores the sum of the first words of pages
+    ``p*BLOCK .. p*BLOCK+BLOCK-1``, pages past ``n_pages`` (the last program's tail) masked,
+    no other word read into the sums."""
+    page_words, block, n_pages = 64, 16, 37
+    g = torch.Generator().manual_seed(1)
+    buf = torch.randint(-1000, 1000, (n_pages + 5, page_words), dtype=torch.int32, generator=g)
+    sums = torch.full((3,), 12345, dtype=torch.int32)
+    touch_pages_kernel[(3,)](buf, n_pages, sums, PAGE_WORDS=page_words, BLOCK=block)
+    first = buf[:n_pages, 0].numpy().astype(np.int64)
+    want = [first[i * block:(i + 1) * block].sum() for i in range(3)]
+    assert sums.tolist() == want
+
+
+def test_flusher_is_a_no_op_on_the_cpu():
+    f = HostTranslationFlusher("cpu", nbytes=1 << 20)
+    f()
+    assert f.host is None and f.last_sum == 0 and f.n_pages == 256
+
+
+@pytest.mark.gpu
+def test_flusher_reads_every_page_of_its_host_buffer():
+    f = HostTranslationFlusher("cuda", nbytes=(64 << 20) + 4096 * 3)   # not whole blocks
+    assert f.host.tensor.is_pinned()
+    f()
+    torch.cuda.synchronize()
+    words = f.host.tensor.view(torch.int32).view(f.n_pages, -1)[:, 0]
+    assert words.abs().sum() > 0                      # random words, not zeros
+    assert f.last_sum == int(words.long().sum())     # each block's sum fits int32 (BLOCK * 2^20)
