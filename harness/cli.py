@@ -85,6 +85,7 @@ def failed_point_rows(cfg: DictConfig, status: str, message: str, repro: str,
     base.update({"schema_version": results.SCHEMA_VERSION, "model": _get(cfg, "model.name"),
                  "selection": _get(cfg, "selection.source"), "phase": _get(cfg, "phase"),
                  "warmup_steps": _get(cfg, "timing.warmup_steps"), "cold_l2": _get(cfg, "timing.cold_l2"),
+                 "cold_host_translations": _get(cfg, "timing.cold_host_translations"),
                  "cuda_graph": _get(cfg, "timing.cuda_graph"), "tolerance": _get(cfg, "timing.check_tolerance"),
                  "repro_command": repro, "config_hash": cfg_hash, "timestamp": env.timestamp(),
                  "status": status, "error": message})

@@ -79,6 +79,7 @@ class SelectionConfig:
 class TimingConfig:
     warmup_steps: int = 2         # decode steps excluded from the numbers
     cold_l2: bool = True          # flush the L2 before each timed layer step
+    cold_host_translations: bool = False  # evict the GPU's host-address translations before each timed step (a 4 GiB host buffer read a word a 4 KiB page): what a served model's other layers do between two swap-ins of one layer (BENCHMARKS 6v)
     cuda_graph: bool = False      # time CUDA-graph replays of each layer step
     launch_shield_us: float = 1000.0  # GPU spin before each timed step so launches queue behind it
     check_tolerance: float = 0.03 # max ||out - ref|| / ||ref|| for status=ok

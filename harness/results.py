@@ -92,6 +92,7 @@ COLUMNS: Dict[str, str] = {
     "query_corr": "float64",
     "query_dtype": "string",
     "cold_l2": "boolean",
+    "cold_host_translations": "boolean",  # host-address translations evicted before each timed step
     "cuda_graph": "boolean",
     "device": "string",
     # outcome

@@ -29,7 +29,7 @@ from harness.scenarios.base import LayerInputs, Scenario
 from harness.selection import Trace, distinct_counts
 from backends.base import COUNT_KEYS
 from harness.summary import add_counts, correctness, empty_sums, summarize
-from harness.timing import StageTimer, UntimedStages, WallClock
+from harness.timing import HostTranslationFlusher, StageTimer, UntimedStages, WallClock, is_cuda
 from harness.validate import backends_of
 
 log = logging.getLogger("harness")
@@ -51,7 +51,9 @@ def point_columns(cfg, device: torch.device, repro: str, cfg_hash: str) -> Dict:
         "page_size": cfg.page_size, "top_k": cfg.top_k, "batch_size": cfg.batch_size,
         "context_len": cfg.context_len,
         "steps": cfg.steps, "warmup_steps": cfg.timing.warmup_steps, "num_layers": cfg.num_layers,
-        "seed": cfg.seed, "cold_l2": cfg.timing.cold_l2, "cuda_graph": cfg.timing.cuda_graph,
+        "seed": cfg.seed, "cold_l2": cfg.timing.cold_l2,
+        "cold_host_translations": cfg.timing.cold_host_translations,
+        "cuda_graph": cfg.timing.cuda_graph,
         "device": device.type, "tolerance": cfg.timing.check_tolerance,
         "repro_command": repro, "config_hash": cfg_hash, "timestamp": env.timestamp(),
     }
@@ -110,7 +112,10 @@ def run_backend(scn: Scenario, cfg, name: str, run: Dict) -> Tuple[Dict, List[Di
         return failed("invalid", cls.unsupported(scn.phase))
     if cfg.timing.cuda_graph and scn.graphs_supported():
         return failed("invalid", scn.graphs_supported())
-    timer = StageTimer(scn.device, cold_l2=cfg.timing.cold_l2, launch_shield_us=cfg.timing.launch_shield_us)
+    host_flush = (HostTranslationFlusher.shared(str(scn.device))
+                  if cfg.timing.cold_host_translations and is_cuda(scn.device) else None)
+    timer = StageTimer(scn.device, cold_l2=cfg.timing.cold_l2,
+                       launch_shield_us=cfg.timing.launch_shield_us, host_flush=host_flush)
     wall = WallClock(scn.device)
     try:
         be = scn.open_backend(cls, settings, run)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -89,6 +90,12 @@ class HostTranslationFlusher:
                 self.host.tensor.view(torch.int32), self.n_pages, self.sums,
                 PAGE_WORDS=self.PAGE_BYTES // 4, BLOCK=self.BLOCK, num_warps=8)
 
+    @staticmethod
+    @lru_cache(maxsize=None)
+    def shared(device: str) -> "HostTranslationFlusher":
+        """One 4 GiB flusher per device and process (its buffer is registered once)."""
+        return HostTranslationFlusher(device)
+
     @property
     def last_sum(self) -> int:
         return int(self.sums.sum()) if self.sums is not None else 0
@@ -120,8 +127,9 @@ class WallClock:
 class StageTimer:
     """Times the stages of one decode layer step.
 
-    A backend calls ``timer.run(stage_name, fn)`` for each stage, in order; ``begin()`` flushes
-    the L2 (when ``cold_l2``) and opens the step, ``end()`` closes it and returns the
+    A backend calls ``timer.run(stage_name, fn)`` for each stage, in order; ``begin()`` evicts
+    the GPU's host-address translations (``host_flush``, when given), flushes the L2 (when
+    ``cold_l2``) and opens the step, ``end()`` closes it and returns the
     per-stage and total times in microseconds. On the GPU each stage is bracketed by CUDA
     events and the total spans the first stage's start to the last stage's end.
 
@@ -135,11 +143,13 @@ class StageTimer:
     """
 
     def __init__(self, device: torch.device | str, cold_l2: bool = True,
-                 launch_shield_us: float = 1000.0):
+                 launch_shield_us: float = 1000.0,
+                 host_flush: Optional[HostTranslationFlusher] = None):
         self.device = torch.device(device)
         self.cuda = is_cuda(self.device)
         self.cold_l2 = cold_l2
         self.flush = L2Flusher(self.device) if (self.cuda and cold_l2) else None
+        self.host_flush = host_flush
         self.shield_cycles = int(launch_shield_us * CYCLES_PER_US)
         self._marks: List[tuple] = []
         self._shield_end = None
@@ -147,6 +157,8 @@ class StageTimer:
     def begin(self) -> None:
         if self.cuda:
             torch.cuda.synchronize(self.device)
+        if self.host_flush is not None:
+            self.host_flush()
         if self.flush is not None:
             self.flush()
         self._marks = []
@@ -217,14 +229,17 @@ class UntimedStages:
 def time_fn(fn: Callable[[], object], device: torch.device | str, *, warmup: int = 3,
             repeats: int = 20, cold_l2: bool = True,
             setup: Optional[Callable[[], object]] = None,
-            launch_shield_us: float = 1000.0) -> TimingStats:
+            launch_shield_us: float = 1000.0,
+            host_flush: Optional[HostTranslationFlusher] = None) -> TimingStats:
     """Times ``fn`` ``repeats`` times after ``warmup`` calls; ``setup`` (untimed) runs before each.
 
-    GPU: CUDA events around each call, L2 flushed before each call when ``cold_l2``, launch
+    GPU: CUDA events around each call, the host-address translations evicted before each call
+    when ``host_flush`` is given, L2 flushed before each call when ``cold_l2``, launch
     overhead hidden behind a GPU spin (see ``StageTimer``; 0 disables it). CPU: wall-clock.
     Returns median / p10 / p90 in microseconds.
     """
-    timer = StageTimer(device, cold_l2=cold_l2, launch_shield_us=launch_shield_us)
+    timer = StageTimer(device, cold_l2=cold_l2, launch_shield_us=launch_shield_us,
+                       host_flush=host_flush)
     for _ in range(warmup):
         if setup is not None:
             setup()

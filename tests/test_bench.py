@@ -226,7 +226,7 @@ def test_swap_in_quick(tmp_path):
     launches cost the interpreter one step per row and program)."""
     sz = swap_in_bench.QUICK
     rc, df = run_bench(tmp_path, "swap_in", "--section", "all_misses,all_hits,steady_state,context",
-                       "--resolve-kernel", "triton,cuda")
+                       "--resolve-kernel", "triton,cuda", "--host-alloc", "pinned,registered,thp")
     assert rc == 0
     ok = assert_measured(df, "swap_in")
     assert len(ok) == len(df) and (df["max_rel_err"] == 0).all()
@@ -248,9 +248,11 @@ def test_swap_in_quick(tmp_path):
     assert set(copies["variant"].dropna()) == {f"rows{r}" for r in sz.uva_rows_sweep}
     resolve = df[(df["kernel"] == "resolve_selection") & (df["case"] == "all_hits")]
     assert sorted(resolve["batch_size"]) == [1, sz.batch]
-    # context: equal misses at every context, in both host pools
+    # context: equal misses at every context, in every host pool, with the host translations
+    # as the cycle of steps leaves them and evicted before each call (+cold)
     ctx = swap[swap["case"].str.startswith("context")]
-    cases = {"context", "context+registered", "context+thp"}
+    cases = {c + t for c in ("context", "context+registered", "context+thp") for t in ("", "+cold")}
+    assert (ctx["cold_host_translations"] == ctx["case"].str.endswith("+cold")).all()
     # the CUDA resolve cannot run on the CPU: skipped with its reason
     assert set(ctx["case"]) == cases
     assert set(ctx["context_len"]) == set(sz.context_lens)

@@ -227,7 +227,7 @@ def _bench_run():
     # a warm-up call costs as much as a timed one)
     args = argparse.Namespace(quick=True, repeats=2, warmup=0, section=("gather", "context"),
                               host_alloc=("pinned",), host_page_order=("shuffled",),
-                              resolve_kernel=("triton",))
+                              resolve_kernel=("triton",), host_translations=("cycled",))
     return BenchRun("swap_in", args, torch.device("cpu"), "test swap_in")
 
 
@@ -347,6 +347,30 @@ def test_swap_in_context_section_with_sequential_host_pages():
     assert misses["context"] == misses["context+sequential"] > 0
 
 
+def test_swap_in_context_section_with_cold_host_translations():
+    """``--host-translations cycled,cold``: the copy and the swap-in in both modes (the cold
+    rows case ``...+cold``, column ``cold_host_translations`` true, every row exact), the
+    resolve once; the summary gives the cold rows the resolve of their case."""
+    from dataclasses import replace
+
+    import pandas as pd
+    from harness.bench import swap_in as sw
+    run, sz = _bench_run(), replace(_small_sizes(), context_lens=(300,), context_variants=("default",))
+    run.args.host_translations = ("cycled", "cold")
+    sw.context(run, sz)
+    df = pd.DataFrame(run.rows)
+    assert set(df["status"]) == {"ok"} and (df["max_rel_err"] == 0).all()
+    by = df.groupby(["kernel", "case"])["cold_host_translations"].agg(list).to_dict()
+    assert by == {("resolve_selection", "context"): [False],
+                  ("copy_planned_misses", "context"): [False],
+                  ("copy_planned_misses", "context+cold"): [True],
+                  ("swap_in_selected_pages", "context"): [False],
+                  ("swap_in_selected_pages", "context+cold"): [True]}
+    table = sw.context_summary(run.rows)
+    cold = [line for line in table.splitlines() if line.startswith("context+cold")]
+    assert len(cold) == 1 and "nan" not in cold[0]
+
+
 def test_swap_in_context_flags_are_checked_before_any_kernel():
     """``--contexts`` too short for the section's never-resident positions, more than one
     ``--context-batch``, an unknown ``--host-page-order`` or ``--resolve-kernel`` stop with a
@@ -357,6 +381,8 @@ def test_swap_in_context_flags_are_checked_before_any_kernel():
                          (["--context-batch", "2,3"], "--context-batch takes one value"),
                          (["--host-page-order", "fresh"], "--host-page-order takes a comma list"),
                          (["--resolve-kernel", "cub"],
-                          "--resolve-kernel takes a comma list of triton, cuda")):
+                          "--resolve-kernel takes a comma list of triton, cuda"),
+                         (["--host-translations", "warm"],
+                          "--host-translations takes a comma list of cycled, cold")):
         r = run_harness(*base, *extra, check=False, module="harness.bench")
         assert r.returncode != 0 and words in r.stderr + r.stdout, (extra, r.stderr[-500:])

@@ -102,3 +102,12 @@ def test_sglang_coordinator(tmp_path):
     tr = df[df.coordinator == "triton"]
     assert (sg["bytes_h2d"] > 0).all() and (sg["stage_swap_in_us"].dropna() > 0).all()
     assert abs(sg["hit_rate"].mean() - tr["hit_rate"].mean()) < 0.05
+
+
+def test_cold_host_translations(tmp_path):
+    """Both backends with the host translations evicted before each sample: ok, recorded."""
+    run_harness("top_k=2048", "timing.cold_host_translations=true", *SMALL,
+                f"hydra.run.dir={tmp_path}")
+    df = results.load(tmp_path).set_index("backend")
+    assert (df["status"] == "ok").all(), df["error"]
+    assert df["cold_host_translations"].all()

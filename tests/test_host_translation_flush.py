@@ -36,3 +36,28 @@ def test_flusher_reads_every_page_of_its_host_buffer():
     words = f.host.tensor.view(torch.int32).view(f.n_pages, -1)[:, 0]
     assert words.abs().sum() > 0                      # random words, not zeros
     assert f.last_sum == int(words.long().sum())     # each block's sum fits int32 (BLOCK * 2^20)
+
+
+def test_every_timed_sample_and_no_warmup_call_follows_a_flush():
+    """``time_fn(host_flush=...)``: the flush runs once before each timed sample, after its
+    setup and not before warm-up calls, and the CPU path keeps working."""
+    from harness.timing import time_fn
+    events = []
+
+    def flush():
+        events.append("flush")
+    t = time_fn(lambda: events.append("call"), "cpu", warmup=2, repeats=5,
+                setup=lambda: events.append("setup"), host_flush=flush)
+    assert t.n == 5
+    assert events == ["setup", "call"] * 2 + ["setup", "flush", "call"] * 5
+
+
+def test_a_run_records_its_host_translation_mode(tmp_path):
+    from cli import run_harness
+    from harness import results
+    run_harness("backend=hisparse", "timing.cold_host_translations=true", "context_len=300",
+                "steps=2", "timing.warmup_steps=1", "num_layers=1", "batch_size=2", "top_k=32",
+                "report=false", f"hydra.run.dir={tmp_path}")
+    df = results.load(tmp_path)
+    assert (df["status"] == "ok").all(), df["error"]
+    assert df["cold_host_translations"].tolist() == [True]

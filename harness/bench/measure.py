@@ -32,7 +32,7 @@ import torch
 
 from backends.kernels.flashmla_peer import PeerUnavailable, PeerUnsupported
 from harness import ceilings, env, results
-from harness.timing import capture_graph, time_fn
+from harness.timing import HostTranslationFlusher, capture_graph, time_fn
 
 NAN = float("nan")
 
@@ -106,14 +106,17 @@ class BenchRun:
 
     def measure(self, fn: Callable[[], object], *, check: Optional[Callable[[object], Check]],
                 setup: Optional[Callable[[], object]] = None, graph: bool = False,
-                **columns) -> Dict:
+                host_flush: Optional[HostTranslationFlusher] = None, **columns) -> Dict:
         """Times ``fn`` (module doc) and appends its row; returns the row.
 
         ``check=None`` only for a reference (``torch.topk``) or a plan whose result the next
         row's check covers: the row is then ``ok`` without error columns. ``graph``: time a CUDA
         graph replay of ``fn`` (GPU only; no ``setup``: a graph replays fixed inputs).
+        ``host_flush``: evict the GPU's host-address translations before each timed call
+        (column ``cold_host_translations``).
         """
         row = self._row(columns, cuda_graph=graph)
+        row["cold_host_translations"] = host_flush is not None
         if graph and (setup is not None or not self.cuda):
             raise ValueError("graph timing needs CUDA and takes no per-call setup")
         try:
@@ -133,7 +136,7 @@ class BenchRun:
                 row.update(max_rel_err=verdict.max_rel_err, tolerance=verdict.tolerance,
                            max_lse_err=verdict.max_lse_err)
             stats = time_fn(timed, self.device, warmup=self.warmup, repeats=self.repeats,
-                            setup=setup)
+                            setup=setup, host_flush=host_flush)
             row.update(latency_us_median=stats.median_us, latency_us_p10=stats.p10_us,
                        latency_us_p90=stats.p90_us, n_samples=stats.n,
                        status="incorrect" if failure else "ok", error=failure or None)

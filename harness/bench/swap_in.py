@@ -62,6 +62,7 @@ from backends.kernels.swap_in import RESOLVE_KERNELS, ResolveLaunch
 from backends.kernels.swap_in_cuda import cuda_resolve_unavailable
 from harness import results
 from harness.env import host_virtualized
+from harness.timing import HostTranslationFlusher
 from harness.bench.measure import NAN, BenchRun, Check, exact
 from harness.bench.registry import register
 from harness.bench.table import format_table
@@ -102,6 +103,8 @@ GATHER_VARIANTS: Dict[str, Dict[str, object]] = {
 #: gather row distributions (``gather_host_rows``)
 GATHER_DISTS = ("random", "sorted", "window", "pages_4k", "contiguous")
 SECTIONS = ("all_misses", "all_hits", "steady_state", "gather", "context")
+#: host-address translations of the context section's timed calls (``--host-translations``)
+HOST_TRANSLATIONS = ("cycled", "cold")
 OS_PAGE = 4096
 
 
@@ -778,17 +781,22 @@ def context(run: BenchRun, sz: Sizes) -> None:
                 run.measure(lambda: c.resolve_selection(req, seq, topk, 0), setup=restore,
                             check=lambda _: verdict(), kernel="resolve_selection",
                             **{**cols, "tokens_loaded": None, "bytes_h2d": None})
-                for variant in sz.context_variants:
+                for translations, variant in itertools.product(run.args.host_translations,
+                                                               sz.context_variants):
+                    flush = (HostTranslationFlusher.shared(str(run.device))
+                             if translations == "cold" else None)
                     c.engine = gather_engine(variant, run.device)
                     launch = dict(variant=variant,
                                   launch_config=json.dumps(c.engine.launch_config()))
+                    cols_t = {**cols, "case": case + ("+cold" if flush else "")}
                     run.measure(lambda: c.copy_planned_misses(0),
                                 setup=lambda: restore(resolve=True),
-                                check=lambda _: verdict(c.out[0, :B]),
-                                kernel="copy_planned_misses", **{**cols, "hits": None}, **launch)
+                                check=lambda _: verdict(c.out[0, :B]), host_flush=flush,
+                                kernel="copy_planned_misses", **{**cols_t, "hits": None},
+                                **launch)
                     run.measure(lambda: c.swap_in_selected_pages(req, seq, topk, 0),
-                                setup=restore, check=verdict, kernel="swap_in_selected_pages",
-                                **cols, **launch)
+                                setup=restore, check=verdict, host_flush=flush,
+                                kernel="swap_in_selected_pages", **cols_t, **launch)
             del c, states, restore, verdict, mirror
             release_cached_pinned()
             if run.cuda:
@@ -820,7 +828,8 @@ def context_summary(rows: Sequence[Dict]) -> str:
             out.append({"case": case, "variant": variant, "ctx": S,
                         "misses": int(h["misses"].iloc[0]),
                         "host_gib": float(h["host_bytes"].iloc[0]) / 2**30,
-                        "resolve": median_us(resolve[(resolve["case"] == case)
+                        "resolve": median_us(resolve[(resolve["case"]
+                                                      == case.replace("+cold", ""))
                                                      & (resolve["context_len"] == S)]),
                         "copy": median_us(copy), "total": total,
                         "growth": total / base - 1 if base else NAN,
@@ -872,8 +881,10 @@ def options(parser: argparse.ArgumentParser) -> None:
                         default=HOST_ALLOCS,
                         help="host pools of the gather and context sections, comma list of "
                         "pinned (cudaHostAlloc), registered (pageable + cudaHostRegister: "
-                        "SGLang's and the coordinator's default) and thp (huge-page mapping, "
-                        "registered); hisparse.host_alloc takes the same names. Default: all")
+                        "SGLang's and the coordinator's default), thp (transparent huge-page "
+                        "mapping, registered), hugetlb_2m and hugetlb_1g (explicit huge pages "
+                        "from the kernel's reserved pool, registered; skipped without enough "
+                        "free pages); hisparse.host_alloc takes the same names. Default: all")
     parser.add_argument("--host-page-order", type=_comma_list("--host-page-order",
                                                               HOST_PAGE_ORDERS),
                         default=("shuffled",),
@@ -881,6 +892,13 @@ def options(parser: argparse.ArgumentParser) -> None:
                         "of shuffled (a long-running pool; the default) and sequential (a fresh "
                         "pool: each request's pages adjacent); hisparse.host_page_order takes "
                         "the same names")
+    parser.add_argument("--host-translations", type=_comma_list("--host-translations",
+                                                                HOST_TRANSLATIONS),
+                        default=HOST_TRANSLATIONS,
+                        help="the context section's copy and swap-in timed with the GPU's "
+                        "host-address translations as the cycle of recorded steps leaves them "
+                        "(cycled) and evicted before each call (cold: case suffix +cold, what "
+                        "a served model's other layers leave); default both")
     parser.add_argument("--resolve-kernel", type=_comma_list("--resolve-kernel", RESOLVE_KERNELS),
                         default=("triton",),
                         help="resolves of the context section, comma list of triton (the "
