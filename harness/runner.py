@@ -112,8 +112,13 @@ def run_backend(scn: Scenario, cfg, name: str, run: Dict) -> Tuple[Dict, List[Di
         return failed("invalid", cls.unsupported(scn.phase))
     if cfg.timing.cuda_graph and scn.graphs_supported():
         return failed("invalid", scn.graphs_supported())
-    host_flush = (HostTranslationFlusher.shared(str(scn.device))
-                  if cfg.timing.cold_host_translations and is_cuda(scn.device) else None)
+    host_flush = None
+    if cfg.timing.cold_host_translations and is_cuda(scn.device):
+        try:
+            host_flush = HostTranslationFlusher.shared(str(scn.device))
+        except (RuntimeError, MemoryError, OSError) as e:
+            return failed("oom", "timing.cold_host_translations: the flush's 4 GiB page-locked "
+                          f"host buffer could not be allocated: {str(e).splitlines()[0]}")
     timer = StageTimer(scn.device, cold_l2=cfg.timing.cold_l2,
                        launch_shield_us=cfg.timing.launch_shield_us, host_flush=host_flush)
     wall = WallClock(scn.device)

@@ -61,3 +61,23 @@ def test_a_run_records_its_host_translation_mode(tmp_path):
     df = results.load(tmp_path)
     assert (df["status"] == "ok").all(), df["error"]
     assert df["cold_host_translations"].tolist() == [True]
+
+
+def test_a_flush_buffer_that_cannot_be_allocated_is_an_oom_row(monkeypatch, tmp_path):
+    """On a GPU whose host cannot give the flush its 4 GiB: the point is an ``oom`` row naming
+    the setting, nothing raised (the sweep goes on). Driven through the runner with CUDA
+    reported present and the flusher's allocation failing."""
+    import harness.runner as runner
+    from harness.timing import HostTranslationFlusher
+    from cli import compose
+
+    def no_memory(device):
+        raise MemoryError("cudaHostRegister of 4294967296 bytes failed")
+    monkeypatch.setattr(HostTranslationFlusher, "shared", staticmethod(no_memory))
+    monkeypatch.setattr(runner, "is_cuda", lambda device: True)
+    cfg = compose("backend=hisparse", "timing.cold_host_translations=true", "context_len=300",
+                  "steps=2", "timing.warmup_steps=1", "num_layers=1", "batch_size=2",
+                  "top_k=32", "report=false")
+    rows = runner.run_point(cfg, torch.device("cpu"), tmp_path, "python -m harness ...", "h")
+    assert [r["status"] for r in rows] == ["oom"]
+    assert "timing.cold_host_translations" in rows[0]["error"]
