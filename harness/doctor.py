@@ -14,7 +14,9 @@ detail says why), ``info``, or ``problem`` (the default run cannot work)):
 * ``ceilings``: ``harness.ceilings.measure`` on the GPU (HBM copy, pinned host-to-device copy,
   bf16 matmul; a few seconds); skipped on the CPU, where runs are correctness runs;
 * ``memory``: the pinned-memory limit (``RLIMIT_MEMLOCK``, i.e. ``ulimit -l``), free host and
-  device memory (``harness.memory``), and on the GPU one real pinned allocation;
+  device memory (``harness.memory``), the free explicit huge pages (``host_alloc=hugetlb_*``),
+  whether the host is a virtual machine (``harness.env.host_virtualized``), and on the GPU one
+  real pinned allocation;
 * ``kernels``: which resolve ``hisparse.resolve_kernel=auto`` takes here: the CUDA one (a GPU,
   and its library built or ``nvcc`` to build it, which the check does) or the Triton one, and
   why;
@@ -210,6 +212,8 @@ def _limit(v: int) -> Optional[int]:
 
 def memory_items() -> List[Item]:
     import torch
+    from backends.host_memory import HUGETLB_PAGE, hugetlb_free_bytes
+    from harness.env import host_virtualized
     from harness.memory import free_bytes, host_available_bytes, meminfo_bytes
     soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     soft, hard = _limit(soft), _limit(hard)
@@ -224,6 +228,18 @@ def memory_items() -> List[Item]:
         budget = ""
     items.append(Item("memory", "host", "info", f"{_gib(avail)} available of {_gib(total)}{budget}",
                       {"available_bytes": avail, "total_bytes": total}))
+    free = {a: hugetlb_free_bytes(p) // p for a, p in HUGETLB_PAGE.items()}
+    items.append(Item("memory", "hugepages", "info",
+                      "free explicit huge pages: " + ", ".join(f"{n} for host_alloc={a}"
+                                                               for a, n in free.items()),
+                      {f"free_{a[-2:]}": n for a, n in free.items()}))
+    vm = host_virtualized()
+    items.append(Item("memory", "virtualized", "info",
+                      {True: "a virtual machine: the GPU reads host memory through the "
+                             "hypervisor's address translation (timing.cold_host_translations "
+                             "gives a served model's figures; BENCHMARKS 6v)",
+                       False: "not a virtual machine", None: "unknown (no /proc/cpuinfo)"}[vm],
+                      {"virtualized": vm}))
     if not torch.cuda.is_available():
         return items
     for i in range(torch.cuda.device_count()):

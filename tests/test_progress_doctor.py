@@ -174,6 +174,11 @@ def test_doctor_json_and_table():
     assert rep["versions"]["torch"]["version"] == torch.__version__
     assert rep["triton"]["kernel"]["status"] == "ok"
     assert rep["memory"]["memlock"]["soft_bytes"] == ulimit_l_bytes()
+    from backends.host_memory import hugetlb_free_bytes
+    from harness.env import host_virtualized
+    assert rep["memory"]["hugepages"]["free_2m"] == hugetlb_free_bytes(2 << 20) // (2 << 20)
+    assert rep["memory"]["hugepages"]["free_1g"] == hugetlb_free_bytes(1 << 30) // (1 << 30)
+    assert rep["memory"]["virtualized"]["virtualized"] == host_virtualized()
     assert rep["launchers"]["basic"]["status"] == "ok"
     for peer in ("flashmla", "sglang_kernel", "vllm"):
         p = rep["peers"][peer]
