@@ -52,7 +52,7 @@ class HiSparseSettings:
     copy_engine: str = "uva_kernel"            # uva_kernel | memcpy | staged
     coordinator: str = "triton"                # triton (ours) | sglang (upstream swap-in kernel)
     lru_order: str = "upstream"                # upstream (SGLang's order) | position (ascending)
-    host_alloc: str = DEFAULT_HOST_ALLOC       # registered (SGLang's) | pinned | thp (huge pages)
+    host_alloc: str = DEFAULT_HOST_ALLOC       # registered (SGLang's) | pinned | thp (huge pages) | hugetlb_2m | hugetlb_1g (reserved huge pages)
     host_page_order: str = "shuffled"          # shuffled (long-running) | sequential (fresh pool)
     resolve_kernel: str = "auto"               # auto | triton | cuda: our coordinator's resolve
 

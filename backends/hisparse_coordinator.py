@@ -207,7 +207,8 @@ class HiSparseCoordinator:
       copy_engine: 'uva_kernel' (default, no host sync), 'memcpy' or 'staged'.
       host_alloc: the host pool's memory (``backends/host_memory.py``): 'registered' (default:
         pageable memory registered with cudaHostRegister, as SGLang's host pool), 'pinned'
-        (cudaHostAlloc) or 'thp' (2 MiB transparent huge pages, registered).
+        (cudaHostAlloc), 'thp' (2 MiB transparent huge pages, registered), or 'hugetlb_2m' /
+        'hugetlb_1g' (explicit huge pages from the kernel's reserved pool, registered).
       lru_order: 'upstream' (default: SGLang's kernel) or 'position' (module docstring).
       resolve_launch: the resolve kernel's launch configuration (default: ``ResolveLaunch()``).
       host_rows: host pool rows per layer; default enough for every request at ``max_seq_len``

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import mmap
 import weakref
-from typing import Sequence
+from typing import Dict, Sequence
 
 import numpy as np
 import torch
@@ -102,6 +102,25 @@ class HostRows:
         return anon_huge_fraction(self.tensor.data_ptr(), self.nbytes)
 
 
+def hugetlb_shortage(nbytes: int, alloc: str) -> str:
+    """Why ``nbytes`` of ``alloc`` (``hugetlb_2m`` / ``hugetlb_1g``) huge pages cannot be
+    mapped now: the pages needed and free and the sysfs file that reserves them; '' when the
+    kernel's pool has enough free pages."""
+    page_bytes = HUGETLB_PAGE[alloc]
+    need = -(-nbytes // page_bytes)
+    free = hugetlb_free_bytes(page_bytes) // page_bytes
+    if free >= need:
+        return ""
+    return (f"host_alloc {alloc} needs {need} free {page_bytes >> 20} MiB huge pages, the kernel "
+            f"has {free}: reserve them first (as root: echo N > "
+            f"{_HUGEPAGES_DIR}/hugepages-{page_bytes >> 10}kB/nr_hugepages)")
+
+
+def hugetlb_free_pages() -> Dict[str, int]:
+    """Free explicit huge pages per ``hugetlb_*`` allocation name (0 where the kernel has none)."""
+    return {a: hugetlb_free_bytes(p) // p for a, p in HUGETLB_PAGE.items()}
+
+
 def hugetlb_free_bytes(page_bytes: int) -> int:
     """Bytes of free explicit huge pages of ``page_bytes`` the kernel holds (0 where it has no
     such pool or it cannot be read)."""
@@ -116,15 +135,11 @@ def _hugetlb_map(nbytes: int, alloc: str) -> mmap.mmap:
     """An anonymous private mapping of ``nbytes`` rounded up to whole huge pages of ``alloc``'s
     size (``MAP_HUGETLB``). MemoryError, before mapping, when the kernel's pool has too few free
     pages (the message names the file that sets it), or when the mapping fails."""
+    shortage = hugetlb_shortage(nbytes, alloc)
+    if shortage:
+        raise MemoryError(shortage)
     page_bytes = HUGETLB_PAGE[alloc]
     size = -(-nbytes // page_bytes) * page_bytes
-    pool = f"{_HUGEPAGES_DIR}/hugepages-{page_bytes >> 10}kB/nr_hugepages"
-    free = hugetlb_free_bytes(page_bytes)
-    if free < size:
-        raise MemoryError(
-            f"host_alloc {alloc} needs {size // page_bytes} free {page_bytes >> 20} MiB huge "
-            f"pages, the kernel has {free // page_bytes}: "
-            f"reserve them first (as root: echo N > {pool})")
     flags = (mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_HUGETLB
              | (page_bytes.bit_length() - 1) << _MAP_HUGE_SHIFT)
     try:

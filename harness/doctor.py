@@ -212,7 +212,7 @@ def _limit(v: int) -> Optional[int]:
 
 def memory_items() -> List[Item]:
     import torch
-    from backends.host_memory import HUGETLB_PAGE, hugetlb_free_bytes
+    from backends.host_memory import hugetlb_free_pages
     from harness.env import host_virtualized
     from harness.memory import free_bytes, host_available_bytes, meminfo_bytes
     soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
@@ -228,7 +228,7 @@ def memory_items() -> List[Item]:
         budget = ""
     items.append(Item("memory", "host", "info", f"{_gib(avail)} available of {_gib(total)}{budget}",
                       {"available_bytes": avail, "total_bytes": total}))
-    free = {a: hugetlb_free_bytes(p) // p for a, p in HUGETLB_PAGE.items()}
+    free = hugetlb_free_pages()
     items.append(Item("memory", "hugepages", "info",
                       "free explicit huge pages: " + ", ".join(f"{n} for host_alloc={a}"
                                                                for a, n in free.items()),

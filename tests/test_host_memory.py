@@ -47,6 +47,9 @@ def test_hugetlb_without_enough_free_pages_names_the_pool_to_reserve(alloc, tmp_
                        rf"huge pages, the kernel has {1 if alloc == 'hugetlb_2m' else 0}: .*"
                        rf"hugepages-{page >> 10}kB/nr_hugepages"):
         HostRows(rows, alloc, cuda=False)
+    from harness.bench.swap_in import pool_fits          # the bench skips such a pool
+    ok, why = pool_fits(rows[0] * rows[1], alloc)
+    assert not ok and f"host_alloc {alloc} needs 4 free" in why
     from backends.hisparse_coordinator import HiSparseOOMError
     with pytest.raises(HiSparseOOMError, match=f"{alloc} host memory.*needs"):
         HiSparseCoordinator(num_layers=1, max_requests=4, max_seq_len=1 << 20, row_bytes=656,

@@ -57,7 +57,8 @@ import torch
 from backends.copy_engines import (COPY_ENGINES, UVA_CUDA_LAUNCH, UvaKernelEngine,
                                    uva_engine_per_sm)
 from backends.hisparse_coordinator import DEFAULT_HOST_ALLOC, HOST_PAGE_ORDERS, HiSparseCoordinator
-from backends.host_memory import HOST_ALLOCS, HUGETLB_PAGE, HostRows, hugetlb_free_bytes
+from backends.host_memory import (HOST_ALLOCS, HUGETLB_PAGE, HostRows, hugetlb_free_pages,
+                                  hugetlb_shortage)
 from backends.kernels.swap_in import RESOLVE_KERNELS, ResolveLaunch
 from backends.kernels.swap_in_cuda import cuda_resolve_unavailable
 from harness import results
@@ -487,12 +488,8 @@ def pool_fits(nbytes: int, alloc: str) -> Tuple[bool, str]:
     """Whether a host pool of ``nbytes`` can be allocated now (torch's pinned allocator rounds
     up to a power of two), and the reason when not."""
     if alloc in HUGETLB_PAGE:
-        page = HUGETLB_PAGE[alloc]
-        need, free = -(-nbytes // page) * page, hugetlb_free_bytes(page)
-        if need > free:
-            return False, (f"needs {need // page} free {page >> 20} MiB huge pages ({alloc}), "
-                           f"the kernel has {free // page}")
-        return True, ""
+        why = hugetlb_shortage(nbytes, alloc)
+        return not why, why
     need = next_pow2_bytes(nbytes) if alloc == "pinned" else nbytes
     avail = host_available_bytes()
     if need > 0.8 * avail:
@@ -526,8 +523,8 @@ def host_facts(device: torch.device) -> str:
                     if n.startswith("node")}) if os.path.isdir("/sys/devices/system/cpu") else []
     facts.append(f"cpus {len(cpus)} on {','.join(nodes) or '?'}")
     facts.append(f"thp {read('/sys/kernel/mm/transparent_hugepage/enabled')}")
-    facts.append("hugetlb free " + ", ".join(f"{a[-2:]} {hugetlb_free_bytes(p) // p}"
-                                              for a, p in HUGETLB_PAGE.items()))
+    facts.append("hugetlb free " + ", ".join(f"{a[-2:]} {n}"
+                                              for a, n in hugetlb_free_pages().items()))
     facts.append(f"virtualized {host_virtualized()}")
     groups = "/sys/kernel/iommu_groups"
     facts.append(f"iommu_groups {len(os.listdir(groups)) if os.path.isdir(groups) else 0}")
