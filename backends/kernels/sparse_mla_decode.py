@@ -601,7 +601,8 @@ def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Te
 
 
 def plan_splits(q: torch.Tensor, top_k: int, num_slots: int, d_v: int, block_h: int,
-                block_n: int, num_splits: Optional[int], num_sms: Optional[int]):
+                block_n: int, num_splits: Optional[int], num_sms: Optional[int],
+                part_dtype: torch.dtype = torch.float32):
     """The flash-decoding plan of one call: ``(out, lse, num_splits, tiles_per_split, part_o,
     part_lse)``. ``out [B, H, d_v]`` bf16 and ``lse [B, H]`` fp32 are allocated on ``q``'s
     device; ``num_splits`` (default :func:`choose_num_splits`; ValueError unless an int >= 1)
@@ -629,7 +630,7 @@ def plan_splits(q: torch.Tensor, top_k: int, num_slots: int, d_v: int, block_h: 
     tiles_per_split = triton.cdiv(n_tiles, num_splits)
     num_splits = triton.cdiv(n_tiles, tiles_per_split)
     if num_splits > 1:
-        part_o = torch.empty((bsz, num_heads, num_splits, d_v), dtype=torch.float32, device=q.device)
+        part_o = torch.empty((bsz, num_heads, num_splits, d_v), dtype=part_dtype, device=q.device)
         part_lse = torch.empty((bsz, num_heads, num_splits), dtype=torch.float32, device=q.device)
     else:
         part_o, part_lse = lse, lse

@@ -126,6 +126,10 @@ _Q_EARLY = True
 #: accumulator's layout (8 bytes a thread, whole sectors): staged they were 0.1-1.8 us slower at
 #: B1-B8 (the 128 KB round trip through shared memory a program)
 _STAGED_STORE = True
+#: A/B switch (device call i1): the split partials' dtype. bf16 / fp16 partials halve the bytes
+#: the decode writes and the combine reads (B4 H128: 16.8 -> 8.4 MB) and are stored through
+#: shared memory as 16-byte vectors, as the bf16 output is
+_PARTIALS = torch.float32
 #: registers per thread of the whole program: 12 warps x 32 x 168 <= 64 K; the consumers get
 #: (168 * 12 - 48 * 4) / 8 = 228 rounded down to setmaxnreg's multiple of 8: 224 (the PTX's
 #: setmaxnreg). ptxas 12.8 (Triton 3.6) for sm_90a: no spills for bf16 rows, 20 bytes for
@@ -454,9 +458,9 @@ def _store_o(acc, l_safe, buf, b, h0, H, split, num_splits, out_ptr, stride_ob, 
     VA: gl.constexpr = 1 - HA                       # the V dims' axis
     W: gl.constexpr = acc.shape[VA]
     o = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(VA, o_l)), VA)
-    o = o.to(gl.float32 if SPLIT else gl.bfloat16)
+    o = o.to(part_o_ptr.dtype.element_ty if SPLIT else gl.bfloat16)
     if STAGED:
-        gl.static_assert(not SPLIT, "the float32 partials are stored from the accumulator")
+        gl.static_assert(o.dtype.primitive_bitwidth == 16, "staged stores are of 16-bit values")
         VEC: gl.constexpr = 8
         NW: gl.constexpr = gl.num_warps()
         # 16-byte groups XORed by the row (mod 8): the accumulator's 8 rows a store hit
@@ -956,7 +960,8 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
                          f"d_v={d_v} and {block_h}-head programs; a program may have "
                          f"{_SMEM_BUDGET} (at most {most} stages)")
     top_k, num_slots = indices.shape[1], kv_cache.shape[0]
-    plan = plan_splits(q, top_k, num_slots, d_v, block_h, WS_BLOCK_N, num_splits, num_sms)
+    plan = plan_splits(q, top_k, num_slots, d_v, block_h, WS_BLOCK_N, num_splits, num_sms,
+                       part_dtype=_PARTIALS)
     out, lse, num_splits, _, part_o, part_lse = plan
     info = LaunchInfo(block_h, WS_BLOCK_N, 4 if kind == "fp8_ds_mla" else 8, stages,
                       max(num_splits, 1), "producer", True,
@@ -1000,7 +1005,7 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
                 SCALE_LAYOUT=gl.BlockedLayout([1, 1], [32 // tpw_g, tpw_g],
                                               [_PRODUCER_WARPS, 1], [1, 0]),
                 DEQ_ROWS=_DEQ_ROWS, DEQ_BF16=_DEQ_BF16, A1_REGS=_A1_REGS, Q_EARLY=_Q_EARLY,
-                STAGED=_STAGED_STORE and not split,
+                STAGED=_STAGED_STORE and (not split or _PARTIALS.itemsize == 2),
                 DEQ_LAYOUT=gl.BlockedLayout([1, 1, 16], [8, 1, 4], [2, 1, 2], [2, 0, 1]),
                 RAW_SMEM=gl.SwizzledSharedLayout(16, 1, 8, [2, 0, 1]),
                 SCALE_SMEM=gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
@@ -1018,7 +1023,9 @@ def compile_for_sm90(kind: str = "bf16", *, d_v: int = 512, d_rope: int = 64, st
     fp8 = kind == "fp8_ds_mla"
     ptrs = dict(q_ptr="*bf16", kv_ptr="*u8" if fp8 else "*bf16",
                 scale_ptr="*fp32" if fp8 else "*bf16", rope_ptr="*bf16", idx_ptr="*i32",
-                out_ptr="*bf16", lse_ptr="*fp32", part_o_ptr="*fp32", part_lse_ptr="*fp32")
+                out_ptr="*bf16", lse_ptr="*fp32", part_lse_ptr="*fp32",
+                part_o_ptr={torch.float32: "*fp32", torch.bfloat16: "*bf16",
+                            torch.float16: "*fp16"}[_PARTIALS])
     div16 = {"stride_qb", "stride_qh", "stride_kv", "stride_ib", "stride_ob", "stride_oh",
              "stride_lb", "H", "K"} | (set() if fp8 else {"stride_rope"})
     return compile_for_target(_sparse_mla_decode_ws_fwd, const, ptrs, div16,
