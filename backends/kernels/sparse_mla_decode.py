@@ -333,36 +333,47 @@ def _sparse_mla_decode_fwd(
 
 @triton.jit
 def _sparse_mla_decode_combine(
-    part_o_ptr, part_lse_ptr,               # [B, H, S, D_V] / [B, H, S] fp32
+    part_o_ptr, part_lse_ptr,               # [B, H, S, D_V] fp32 (or int32 pairs) / [B, H, S] fp32
     out_ptr, stride_ob, stride_oh,          # out [B, H, D_V] bf16
     lse_ptr, stride_lb,                     # lse [B, H] fp32
     H, num_splits,
-    D_V: tl.constexpr, S_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
+    D_V: tl.constexpr, S_PAD: tl.constexpr, BLOCK_D: tl.constexpr, PAIRS: tl.constexpr,
 ):
     """One program per (batch row x head, ``BLOCK_D`` columns of V): every split's partial of
-    those columns loaded at once (``[S_PAD, BLOCK_D]``), weighted by ``exp(lse_s - max)``."""
+    those columns loaded at once (``[S_PAD, BLOCK_D]``), weighted by ``exp(lse_s - max)``.
+    ``PAIRS``: bf16 partials read as int32 words of two columns each (``part_o_ptr`` an int32
+    view ``[B, H, S, D_V / 2]``; the even column in the low half), widened to float32 by
+    shifts, so that the loads and the sum over the splits have the float32 partials' layout."""
     pid = tl.program_id(0)                  # = b * H + h
     b = pid // H
     h = pid % H
     base = pid.to(tl.int64) * num_splits
     offs_s = tl.arange(0, S_PAD)
     s_ok = offs_s < num_splits
-    offs_v = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    v_ok = offs_v < D_V
     lse_s = tl.load(part_lse_ptr + base + offs_s, mask=s_ok, other=float("-inf"))
-    o = tl.load(part_o_ptr + (base + offs_s)[:, None] * D_V + offs_v[None, :],
-                mask=s_ok[:, None] & v_ok[None, :], other=0.0)
     m = tl.max(lse_s, 0)
     m_use = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp(lse_s - m_use)
     total = tl.sum(w, 0)
     has = total > 0.0
-    out = tl.sum(w[:, None] * o, 0) / tl.where(has, total, 1.0)
+    denom = tl.where(has, total, 1.0)
+    offs_v = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    if PAIRS:
+        offs_p = tl.program_id(1) * (BLOCK_D // 2) + tl.arange(0, BLOCK_D // 2)
+        word = tl.load(part_o_ptr + (base + offs_s)[:, None] * (D_V // 2) + offs_p[None, :],
+                       mask=s_ok[:, None] & (offs_p[None, :] < D_V // 2), other=0)
+        even = tl.sum(w[:, None] * (word << 16).to(tl.float32, bitcast=True), 0) / denom
+        odd = tl.sum(w[:, None] * (word & -65536).to(tl.float32, bitcast=True), 0) / denom
+        out = tl.interleave(even, odd)
+    else:
+        o = tl.load(part_o_ptr + (base + offs_s)[:, None] * D_V + offs_v[None, :],
+                    mask=s_ok[:, None] & (offs_v[None, :] < D_V), other=0.0)
+        out = tl.sum(w[:, None] * o, 0) / denom
     tl.store(out_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + offs_v,
-             out.to(out_ptr.dtype.element_ty), mask=v_ok)
+             out.to(out_ptr.dtype.element_ty), mask=offs_v < D_V)
     if tl.program_id(1) == 0:
         tl.store(lse_ptr + b.to(tl.int64) * stride_lb + h,
-                 tl.where(has, m_use + tl.log(tl.where(has, total, 1.0)), float("inf")))
+                 tl.where(has, m_use + tl.log(denom), float("inf")))
 
 
 def choose_num_splits(batch: int, num_heads: int, top_k: int, *, block_h: int = 64,
@@ -637,7 +648,8 @@ def plan_splits(q: torch.Tensor, top_k: int, num_slots: int, d_v: int, block_h: 
     return out, lse, num_splits, tiles_per_split, part_o, part_lse
 
 
-#: float32 partial values one combine program loads at once (32 a thread at 4 warps)
+#: 32-bit words of partials one combine program loads at once (32 a thread at 4 warps): float32
+#: values, or pairs of bf16 ones
 _COMBINE_ELEMS = 4096
 
 
@@ -657,15 +669,19 @@ def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
     counting its stored partials in on a counter a row) -0.7 to +0.5 us at B1-B8 and 0.7 to
     4.1 us slower at B16-B32 (6u)."""
     bsz, num_heads, num_splits, d_v = part_o.shape
+    pairs = part_o.dtype == torch.bfloat16
+    if part_o.dtype not in (torch.float32, torch.bfloat16) or (pairs and d_v % 2):
+        raise ValueError(f"part_o must be float32, or bfloat16 with an even d_v; got "
+                         f"{part_o.dtype} with d_v={d_v}")
     s_pad = triton.next_power_of_2(num_splits)
-    # every split's columns at once: at most _COMBINE_ELEMS float32 values a program
-    block_d = max(16, min(triton.next_power_of_2(d_v), _COMBINE_ELEMS // s_pad))
+    # every split's columns at once: at most _COMBINE_ELEMS 32-bit words a program
+    block_d = max(16, min(triton.next_power_of_2(d_v), (2 if pairs else 1) * _COMBINE_ELEMS // s_pad))
     _sparse_mla_decode_combine[(bsz * num_heads, triton.cdiv(d_v, block_d))](
-        part_o, part_lse,
+        part_o.view(torch.int32) if pairs else part_o, part_lse,
         out, out.stride(0), out.stride(1),
         lse, lse.stride(0),
         num_heads, num_splits,
-        D_V=d_v, S_PAD=s_pad, BLOCK_D=block_d,
+        D_V=d_v, S_PAD=s_pad, BLOCK_D=block_d, PAIRS=pairs,
         num_warps=4,
     )
 

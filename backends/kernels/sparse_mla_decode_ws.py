@@ -126,7 +126,7 @@ _Q_EARLY = True
 #: accumulator's layout (8 bytes a thread, whole sectors): staged they were 0.1-1.8 us slower at
 #: B1-B8 (the 128 KB round trip through shared memory a program)
 _STAGED_STORE = True
-#: A/B switch (device call i1): the split partials' dtype. bf16 / fp16 partials halve the bytes
+#: A/B switch (device calls i1-i3): the split partials' dtype. bf16 partials halve the bytes
 #: the decode writes and the combine reads (B4 H128: 16.8 -> 8.4 MB) and are stored through
 #: shared memory as 16-byte vectors, as the bf16 output is
 _PARTIALS = torch.float32
@@ -1024,8 +1024,7 @@ def compile_for_sm90(kind: str = "bf16", *, d_v: int = 512, d_rope: int = 64, st
     ptrs = dict(q_ptr="*bf16", kv_ptr="*u8" if fp8 else "*bf16",
                 scale_ptr="*fp32" if fp8 else "*bf16", rope_ptr="*bf16", idx_ptr="*i32",
                 out_ptr="*bf16", lse_ptr="*fp32", part_lse_ptr="*fp32",
-                part_o_ptr={torch.float32: "*fp32", torch.bfloat16: "*bf16",
-                            torch.float16: "*fp16"}[_PARTIALS])
+                part_o_ptr="*bf16" if _PARTIALS == torch.bfloat16 else "*fp32")
     div16 = {"stride_qb", "stride_qh", "stride_kv", "stride_ib", "stride_ob", "stride_oh",
              "stride_lb", "H", "K"} | (set() if fp8 else {"stride_rope"})
     return compile_for_target(_sparse_mla_decode_ws_fwd, const, ptrs, div16,
