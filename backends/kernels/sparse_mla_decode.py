@@ -648,6 +648,9 @@ def plan_splits(q: torch.Tensor, top_k: int, num_slots: int, d_v: int, block_h: 
     return out, lse, num_splits, tiles_per_split, part_o, part_lse
 
 
+#: A/B switch (device call i4): bf16 partials' combine programs with only as many warps as
+#: a row's words fill (128 a warp), so that the sum over the splits stays within a thread
+_PAIRS_WARPS_BY_COLUMNS = False
 #: 32-bit words of partials one combine program loads at once (32 a thread at 4 warps): float32
 #: values, or pairs of bf16 ones
 _COMBINE_ELEMS = 4096
@@ -682,7 +685,7 @@ def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
         lse, lse.stride(0),
         num_heads, num_splits,
         D_V=d_v, S_PAD=s_pad, BLOCK_D=block_d, PAIRS=pairs,
-        num_warps=4,
+        num_warps=min(4, max(1, block_d // 256)) if pairs and _PAIRS_WARPS_BY_COLUMNS else 4,
     )
 
 
