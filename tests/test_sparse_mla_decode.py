@@ -118,7 +118,10 @@ def test_masked_rows_out_of_range_and_duplicates(device, kv_dtype, num_splits, s
 
 @pytest.mark.parametrize("num_splits,d_v,part_dtype", [
     (3, 512, torch.float32), (32, 512, torch.float32), (64, 192, torch.float32),
-    (3, 512, torch.bfloat16), (16, 512, torch.bfloat16), (64, 192, torch.bfloat16)])
+    (3, 512, torch.bfloat16), (16, 512, torch.bfloat16), (64, 192, torch.bfloat16),
+    *(pytest.param(s, d, t, marks=pytest.mark.gpu)      # the same on CUDA (the GPU suite)
+      for s, d, t in ((2, 512, torch.bfloat16), (16, 512, torch.bfloat16), (64, 192, torch.bfloat16),
+                      (16, 512, torch.float32)))])
 def test_combine_splits_matches_torch(device, num_splits, d_v, part_dtype):
     """The split combine against the log-sum-exp merge in float64: split counts that give one
     and several column blocks a program (32 and 64 splits: 128 and 64 columns), a d_v that is

@@ -334,7 +334,7 @@ def _sparse_mla_decode_fwd(
 @triton.jit
 def _sparse_mla_decode_combine(
     part_o_ptr, part_lse_ptr,               # [B, H, S, D_V] fp32 (or int32 pairs) / [B, H, S] fp32
-    out_ptr, stride_ob, stride_oh,          # out [B, H, D_V] bf16
+    out_ptr, stride_ob, stride_oh,          # out [B, H, D_V] bf16 (or int32 pairs)
     lse_ptr, stride_lb,                     # lse [B, H] fp32
     H, num_splits,
     D_V: tl.constexpr, S_PAD: tl.constexpr, BLOCK_D: tl.constexpr, PAIRS: tl.constexpr,
@@ -343,7 +343,9 @@ def _sparse_mla_decode_combine(
     those columns loaded at once (``[S_PAD, BLOCK_D]``), weighted by ``exp(lse_s - max)``.
     ``PAIRS``: bf16 partials read as int32 words of two columns each (``part_o_ptr`` an int32
     view ``[B, H, S, D_V / 2]``; the even column in the low half), widened to float32 by
-    shifts, so that the loads and the sum over the splits have the float32 partials' layout."""
+    shifts, and the output written as such words (``out_ptr`` an int32 view, its strides in
+    words), so that loads, sums and stores keep one layout (an interleave of the two halves
+    went through shared memory: 2-2.6x the float32 partials' combine time at 2-4 splits)."""
     pid = tl.program_id(0)                  # = b * H + h
     b = pid // H
     h = pid % H
@@ -357,20 +359,24 @@ def _sparse_mla_decode_combine(
     total = tl.sum(w, 0)
     has = total > 0.0
     denom = tl.where(has, total, 1.0)
-    offs_v = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    o_row = out_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
     if PAIRS:
         offs_p = tl.program_id(1) * (BLOCK_D // 2) + tl.arange(0, BLOCK_D // 2)
+        p_ok = offs_p < D_V // 2
         word = tl.load(part_o_ptr + (base + offs_s)[:, None] * (D_V // 2) + offs_p[None, :],
-                       mask=s_ok[:, None] & (offs_p[None, :] < D_V // 2), other=0)
+                       mask=s_ok[:, None] & p_ok[None, :], other=0)
         even = tl.sum(w[:, None] * (word << 16).to(tl.float32, bitcast=True), 0) / denom
         odd = tl.sum(w[:, None] * (word & -65536).to(tl.float32, bitcast=True), 0) / denom
-        out = tl.interleave(even, odd)
+        # rounded to bf16 and packed two to a word again, in the layout they were summed in
+        even = even.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 65535
+        odd = odd.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32)
+        tl.store(o_row + offs_p, even | (odd << 16), mask=p_ok)
     else:
+        offs_v = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
         o = tl.load(part_o_ptr + (base + offs_s)[:, None] * D_V + offs_v[None, :],
                     mask=s_ok[:, None] & (offs_v[None, :] < D_V), other=0.0)
         out = tl.sum(w[:, None] * o, 0) / denom
-    tl.store(out_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + offs_v,
-             out.to(out_ptr.dtype.element_ty), mask=offs_v < D_V)
+        tl.store(o_row + offs_v, out.to(out_ptr.dtype.element_ty), mask=offs_v < D_V)
     if tl.program_id(1) == 0:
         tl.store(lse_ptr + b.to(tl.int64) * stride_lb + h,
                  tl.where(has, m_use + tl.log(denom), float("inf")))
@@ -676,12 +682,18 @@ def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
     if part_o.dtype not in (torch.float32, torch.bfloat16) or (pairs and d_v % 2):
         raise ValueError(f"part_o must be float32, or bfloat16 with an even d_v; got "
                          f"{part_o.dtype} with d_v={d_v}")
+    if pairs and (out.stride(-1) != 1 or out.stride(0) % 2 or out.stride(1) % 2
+                  or out.data_ptr() % 4):
+        raise ValueError("bf16 partials are combined into an out of whole 4-byte words: out "
+                         f"must have even strides and a 4-byte aligned start, got strides "
+                         f"{tuple(out.stride())}")
     s_pad = triton.next_power_of_2(num_splits)
     # every split's columns at once: at most _COMBINE_ELEMS 32-bit words a program
     block_d = max(16, min(triton.next_power_of_2(d_v), (2 if pairs else 1) * _COMBINE_ELEMS // s_pad))
     _sparse_mla_decode_combine[(bsz * num_heads, triton.cdiv(d_v, block_d))](
         part_o.view(torch.int32) if pairs else part_o, part_lse,
-        out, out.stride(0), out.stride(1),
+        *((out.view(torch.int32), out.stride(0) // 2, out.stride(1) // 2) if pairs
+          else (out, out.stride(0), out.stride(1))),
         lse, lse.stride(0),
         num_heads, num_splits,
         D_V=d_v, S_PAD=s_pad, BLOCK_D=block_d, PAIRS=pairs,
