@@ -1,9 +1,15 @@
 """One split-combine launch on float32 and one on bf16 partials (the pairs path) at B32 H128
 d_v 512, 2 splits, for Nsight Compute (call7.sh profiles the two launches). Partials random,
-each output checked against the float64 merge. Usage: python3 ncu42.py"""
+each output checked against the float64 merge; with ``wc`` the bf16 launch at as many warps as
+a row's words fill (``_PAIRS_WARPS_BY_COLUMNS``, call i8). Usage: python3 ncu42.py [wc]"""
+import sys
+
 import torch
 
+from backends.kernels import sparse_mla_decode as smd
 from backends.kernels.sparse_mla_decode import combine_splits
+
+smd._PAIRS_WARPS_BY_COLUMNS = sys.argv[1:] == ["wc"]
 
 dev = torch.device("cuda")
 g = torch.Generator(device=dev).manual_seed(42)
