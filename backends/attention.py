@@ -1,10 +1,12 @@
 """The attention-kernel switch shared by every backend
-(``attention_kernel=triton|triton_ws|flashmla``).
+(``attention_kernel=triton|triton_ws|triton_ws_bf16p|flashmla``).
 
 Upstream, both engines end in FlashMLA's sparse decode on a table of device slots, so one
 switch covers both backends: ``triton`` is this project's ``sparse_mla_decode``, ``triton_ws``
-its warp-specialised Gluon kernel (Hopper; ``sparse_mla_decode(kernel="ws")``), ``flashmla``
-the upstream kernels (optional extra) behind the same signature.
+its warp-specialised Gluon kernel (Hopper; ``sparse_mla_decode(kernel="ws")``),
+``triton_ws_bf16p`` the same kernel with bf16 split partials (``split_partials="bfloat16"``:
+faster split calls, i.e. small batches, for a slightly larger error; BENCHMARKS 6w),
+``flashmla`` the upstream kernels (optional extra) behind the same signature.
 """
 from __future__ import annotations
 
@@ -16,9 +18,11 @@ import torch
 from backends.base import BackendInvalid, BackendUnavailable
 
 AttentionFn = Callable[..., Tuple[torch.Tensor, torch.Tensor]]
-#: ``attention_kernel``: ours (Triton, or the warp-specialised Gluon kernel), or FlashMLA's
-#: (optional extra)
-ATTENTION_KERNELS = ("triton", "triton_ws", "flashmla")
+#: ``attention_kernel``: ours (Triton, or the warp-specialised Gluon kernel with float32 or
+#: bf16 split partials), or FlashMLA's (optional extra)
+ATTENTION_KERNELS = ("triton", "triton_ws", "triton_ws_bf16p", "flashmla")
+#: the warp-specialised kernel's names and their ``split_partials``
+_WS_PARTIALS = {"triton_ws": "float32", "triton_ws_bf16p": "bfloat16"}
 
 
 def heads_computed(name: str, num_heads: int, kv_dtype: str) -> int:
@@ -31,7 +35,7 @@ def heads_computed(name: str, num_heads: int, kv_dtype: str) -> int:
             return padded_heads(num_heads)
         except PeerUnsupported:
             return num_heads
-    if name == "triton_ws":
+    if name in _WS_PARTIALS:
         from backends.kernels.sparse_mla_decode_ws import block_heads
         block_h = block_heads(num_heads, kv_dtype)
         return -(-num_heads // block_h) * block_h
@@ -45,14 +49,14 @@ def resolve_attention(name: str, device: torch.device, num_heads: int, d_qk: int
     if name == "triton":
         from backends.kernels.sparse_mla_decode import sparse_mla_decode
         return sparse_mla_decode
-    if name == "triton_ws":
+    if name in _WS_PARTIALS:
         from backends.kernels.sparse_mla_decode import sparse_mla_decode
         from backends.kernels.sparse_mla_decode_ws import ws_supported
         why = ws_supported(torch.empty(1, num_heads, d_qk, dtype=torch.bfloat16, device=device),
                            kv_rows, d_v)
         if why is not None:
-            raise BackendInvalid(f"attention_kernel='triton_ws' {why}")
-        return functools.partial(sparse_mla_decode, kernel="ws")
+            raise BackendInvalid(f"attention_kernel={name!r} {why}")
+        return functools.partial(sparse_mla_decode, kernel="ws", split_partials=_WS_PARTIALS[name])
     if name == "flashmla":
         from backends.kernels.flashmla_peer import PeerUnavailable, PeerUnsupported, check_supported, flashmla_attention
         try:

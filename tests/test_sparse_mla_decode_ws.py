@@ -59,6 +59,12 @@ def test_options_that_do_not_apply_are_refused():
             sparse_mla_decode(q, kv, idx, 0.1, 256, kernel="ws", **kw)
     with pytest.raises(ValueError, match="kernel must be 'triton' or 'ws'"):
         sparse_mla_decode(q, kv, idx, 0.1, 256, kernel="cuda")
+    # bf16 split partials are the ws kernel's; a dtype it does not have is named first
+    with pytest.raises(ValueError, match="split_partials='bfloat16' applies to kernel='ws' only"):
+        sparse_mla_decode(q, kv, idx, 0.1, 256, split_partials="bfloat16")
+    with pytest.raises(ValueError, match="split_partials must be one of float32, bfloat16, got "
+                                         "'float16'"):
+        sparse_mla_decode(q, kv, idx, 0.1, 256, kernel="ws", split_partials="float16")
     if _hopper():
         with pytest.raises(ValueError, match="stages must be an int >= 1"):
             sparse_mla_decode(q.cuda(), kv.cuda(), idx.cuda(), 0.1, 256, kernel="ws", num_stages=0)
@@ -206,6 +212,12 @@ import json
 from backends.kernels.sparse_mla_decode_ws import compile_for_sm90
 out = {}
 for kind in ("bf16", "fp8_ds_mla"):
+    for partials in ("float32", "bfloat16"):
+        ptx = compile_for_sm90(kind, d_v=512, d_rope=64, stages=2, split=True,
+                               split_partials=partials).asm["ptx"]
+        out[f"{kind} split {partials}"] = {"st_global": ptx.count("st.global"),
+                                           "st_global_v2": ptx.count("st.global.v2"),
+                                           "st_global_v4": ptx.count("st.global.v4")}
     k = compile_for_sm90(kind, d_v=512, d_rope=64, stages=2)
     ptx = k.asm["ptx"]
     lines = ptx.splitlines()
@@ -232,9 +244,17 @@ def test_compiles_for_sm90_within_shared_memory():
     H200). fp8_ds_mla rows (the asymmetric consumers): the 36 score k-steps in warpgroup 0
     alone, 4 PV k-steps in each warpgroup, 44 a tile. The bf16 output goes through shared
     memory and out as 16-byte vectors (64 x 512 bf16 over 256 consumer threads: 16 vector
-    stores a thread), so the only other global stores are the LSE's."""
+    stores a thread), so the only other global stores are the LSE's. A split call's float32
+    partials go out from the accumulator's layout (8-byte stores, 2 floats a thread a row: 128
+    a thread over the fp8 consumers' 64 x 512, 64 over the bf16 ones' 8 warps), its bf16
+    partials as the bf16 output does (16-byte vectors, no 8-byte stores)."""
     from tests.test_sparse_mla_decode import _H200_SMEM, _compile_report
     rep = _compile_report(_WS_COMPILE)
+    for kind in ("bf16", "fp8_ds_mla"):
+        f32, bf16 = rep.pop(f"{kind} split float32"), rep.pop(f"{kind} split bfloat16")
+        assert f32["st_global_v2"] >= 64 and f32["st_global_v4"] == 0, (kind, f32)
+        assert bf16["st_global_v4"] >= 16 and bf16["st_global_v2"] == 0, (kind, bf16)
+        assert bf16["st_global"] - bf16["st_global_v4"] <= 4, (kind, bf16)
     for kind, r in rep.items():
         assert r["wgmma"] == {"bf16": 40, "fp8_ds_mla": 44}[kind], (kind, r)
         assert r["cp_async"] > 0, (kind, r)
@@ -271,6 +291,29 @@ def test_dsv32_size_matches_reference(kv_dtype, num_splits, stages):
     # the same numbers as the Triton kernel within the tolerance, on the same inputs
     tri, _ = sparse_mla_decode(q, cache, idx, 576 ** -0.5, 512)
     assert ((out.float() - tri.float()).norm() / tri.float().norm()).item() <= REL_TOL
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_ds_mla"])
+def test_bf16_split_partials_match_reference(kv_dtype):
+    """``split_partials="bfloat16"`` at DeepSeek-V3.2's size, split by the model (which prices
+    the bf16 partials) and by hand, a fully masked row and a masked first split: within the
+    tolerance of the reference, and within one bf16 rounding of the float32 partials' output
+    on most values (a partial or the combine's word order wrong would be off by far more)."""
+    dev = torch.device("cuda")
+    q, kv, idx = _inputs(41, b=4, h=128, d_v=512, d_rope=64, k=2048, num_slots=65536, device=dev)
+    cache = make_kv_cache(kv, kv_dtype, d_nope=512)
+    idx[3] = -1
+    idx[2, :128] = -1
+    for splits in (None, 3):
+        out, lse, info = _check(q, cache, idx, 512, kv_dtype, num_splits=splits,
+                                split_partials="bfloat16")
+        assert info.split_partials == "bfloat16" and info.num_splits == (splits or 16)
+        assert torch.all(out[3] == 0) and torch.all(lse[3] == math.inf)
+        f32, lse32, _ = _check(q, cache, idx, 512, kv_dtype, num_splits=info.num_splits)
+        rel = (out.float() - f32.float()).abs() / f32.float().abs().clamp_min(1e-2)
+        assert rel.median().item() <= 4e-3 and torch.allclose(lse, lse32, atol=1e-5)
 
 
 @pytest.mark.gpu
@@ -333,17 +376,19 @@ def test_attention_switch_names_the_limit():
     timing: off Hopper it is a BackendInvalid naming why."""
     from backends.attention import ATTENTION_KERNELS, heads_computed, resolve_attention
     from backends.base import BackendInvalid
-    assert "triton_ws" in ATTENTION_KERNELS
+    assert {"triton_ws", "triton_ws_bf16p"} <= set(ATTENTION_KERNELS)
     # the FLOP accounting counts the heads the programs compute: 16 / 32-head programs up to
     # 32 heads, else 64-head programs with a padded remainder
     for kind in ("bf16", "fp8_ds_mla"):
-        assert [heads_computed("triton_ws", h, kind) for h in (8, 16, 20, 32, 33, 64, 80, 128)] \
-            == [16, 16, 32, 32, 64, 64, 128, 128]
+        for name in ("triton_ws", "triton_ws_bf16p"):
+            assert [heads_computed(name, h, kind) for h in (8, 16, 20, 32, 33, 64, 80, 128)] \
+                == [16, 16, 32, 32, 64, 64, 128, 128]
     assert heads_computed("triton", 16, "bf16") == 16
     kv = torch.zeros(64, 576, dtype=torch.bfloat16)
     if not _hopper():
-        with pytest.raises(BackendInvalid, match="attention_kernel='triton_ws' needs"):
-            resolve_attention("triton_ws", torch.device("cpu"), 128, 576, 512, kv)
+        for name in ("triton_ws", "triton_ws_bf16p"):
+            with pytest.raises(BackendInvalid, match=f"attention_kernel='{name}' needs"):
+                resolve_attention(name, torch.device("cpu"), 128, 576, 512, kv)
     else:
         fn = resolve_attention("triton_ws", torch.device("cuda"), 128, 576, 512, kv.cuda())
         q, kvr, idx = _inputs(5, b=2, h=128, d_v=512, d_rope=64, k=256, num_slots=512,
@@ -351,6 +396,10 @@ def test_attention_switch_names_the_limit():
         out, _ = fn(q, kvr, idx, 0.05, 512)
         ref, _ = sparse_mla_decode_ref(q, kvr, idx, 0.05, 512)
         assert ((out.float() - ref).norm() / ref.norm()).item() <= REL_TOL
+        fn16 = resolve_attention("triton_ws_bf16p", torch.device("cuda"), 128, 576, 512, kv.cuda())
+        assert fn16.keywords == {"kernel": "ws", "split_partials": "bfloat16"}
+        out16, _ = fn16(q, kvr, idx, 0.05, 512)
+        assert ((out16.float() - ref).norm() / ref.norm()).item() <= REL_TOL
         resolve_attention("triton_ws", torch.device("cuda"), 16, 576, 512, kv.cuda())
         with pytest.raises(BackendInvalid, match="d_v a power of two"):
             resolve_attention("triton_ws", torch.device("cuda"), 128, 576, 448, kv.cuda())

@@ -384,7 +384,7 @@ def _sparse_mla_decode_combine(
 
 def choose_num_splits(batch: int, num_heads: int, top_k: int, *, block_h: int = 64,
                       block_n: int = 64, num_sms: int = DEFAULT_NUM_SMS, d_v: int = 512,
-                      max_splits: int = 64) -> int:
+                      max_splits: int = 64, partial_bytes: int = 4) -> int:
     """Number of top-k splits that minimises a simple wave model of the decode.
 
     The main kernel runs ``batch * ceil(num_heads / block_h) * s`` programs, about one per
@@ -392,7 +392,8 @@ def choose_num_splits(batch: int, num_heads: int, top_k: int, *, block_h: int = 
     shared-memory tiles); each program costs ``ceil(n_tiles / s)`` KV tiles plus a fixed
     prologue/epilogue of about 1.5 tiles (loading q, writing out). The run time is then
     ``waves * per-program cost``. Splitting adds the combine: about 1.5 tiles of launch cost
-    plus writing and re-reading the float32 partials (``batch * heads * s * d_v * 8`` bytes),
+    plus writing and re-reading the partials (``batch * heads * s * d_v * 2 * partial_bytes``
+    bytes),
     priced with a tile at ~3.9 us (a 64x64-head x 64-token tile at ~2.3 TFLOP/s per SM) and
     HBM at ~4 TB/s. Ties go to fewer splits.
 
@@ -402,20 +403,24 @@ def choose_num_splits(batch: int, num_heads: int, top_k: int, *, block_h: int = 
         num_sms: multiprocessors of the device (132 on the H200).
         d_v: V width (sizes the partials).
         max_splits: upper bound on the result.
+        partial_bytes: bytes of one partial value (4: float32; 2: bf16, the warp-specialised
+            kernel's ``split_partials="bfloat16"``).
 
     Returns:
         An int in ``[1, min(max_splits, ceil(top_k / block_n))]``.
     """
     for name, v in (("batch", batch), ("num_heads", num_heads), ("top_k", top_k),
                     ("block_h", block_h), ("block_n", block_n), ("num_sms", num_sms),
-                    ("d_v", d_v), ("max_splits", max_splits)):
+                    ("d_v", d_v), ("max_splits", max_splits), ("partial_bytes", partial_bytes)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-    return _choose_num_splits(batch, num_heads, top_k, block_h, block_n, num_sms, d_v, max_splits)
+    return _choose_num_splits(batch, num_heads, top_k, block_h, block_n, num_sms, d_v, max_splits,
+                              partial_bytes)
 
 
 @functools.lru_cache(maxsize=1024)
-def _choose_num_splits(batch, num_heads, top_k, block_h, block_n, num_sms, d_v, max_splits) -> int:
+def _choose_num_splits(batch, num_heads, top_k, block_h, block_n, num_sms, d_v, max_splits,
+                       partial_bytes=4) -> int:
     n_tiles = -(-top_k // block_n)
     base = batch * -(-num_heads // block_h)
     tile_us = 3.9 * (block_h / 64.0) * (block_n / 64.0)
@@ -427,8 +432,8 @@ def _choose_num_splits(batch, num_heads, top_k, block_h, block_n, num_sms, d_v, 
         waves = -(-(base * s) // num_sms)
         cost = waves * (tps + 1.5) * tile_us
         if s > 1:
-            partial_bytes = batch * num_heads * s * d_v * 8
-            cost += 1.5 * tile_us + partial_bytes / 4.0e6   # bytes / (4 TB/s) in us
+            moved = batch * num_heads * s * d_v * 2 * partial_bytes     # written and read
+            cost += 1.5 * tile_us + moved / 4.0e6   # bytes / (4 TB/s) in us
         if cost < best_cost - 1e-9:
             best, best_cost = s, cost
     return best
@@ -459,7 +464,9 @@ class LaunchInfo:
     (the Triton interpreter, or an empty top-k). ``kernel`` is ``"triton"`` (this module's
     kernel) or ``"ws"`` (the warp-specialised Gluon kernel of
     :mod:`backends.kernels.sparse_mla_decode_ws`: 64-head, 64-token tiles, 8 consumer warps
-    and a producer warpgroup; ``prefetch`` is ``"producer"`` there).
+    and a producer warpgroup; ``prefetch`` is ``"producer"`` there). ``split_partials`` is
+    the dtype asked for a split call's partials (``"float32"``, or ``"bfloat16"`` for the ws
+    kernel; none are written with one split).
     """
 
     block_h: int
@@ -473,11 +480,13 @@ class LaunchInfo:
     n_spills: Optional[int] = None
     smem_bytes: Optional[int] = None
     kernel: str = "triton"
+    split_partials: str = "float32"
 
     def launch_kwargs(self) -> dict:
         """The keyword arguments of ``sparse_mla_decode`` that repeat this launch."""
         if self.kernel == "ws":
-            return {"kernel": "ws", "num_stages": self.num_stages, "num_splits": self.num_splits}
+            return {"kernel": "ws", "num_stages": self.num_stages, "num_splits": self.num_splits,
+                    "split_partials": self.split_partials}
         return {"block_h": self.block_h, "block_n": self.block_n, "num_warps": self.num_warps,
                 "num_stages": self.num_stages, "num_splits": self.num_splits,
                 "prefetch": self.prefetch, "split_scores": self.split_scores}
@@ -611,7 +620,8 @@ def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Te
 
     The arguments and results are those of :func:`sparse_mla_decode_with_info` (keyword-only
     launch options ``block_h``, ``block_n``, ``num_warps``, ``num_stages``, ``num_splits``,
-    ``prefetch``, ``split_scores``, ``mma_dtype``, ``num_sms``), without the :class:`LaunchInfo`.
+    ``prefetch``, ``split_scores``, ``mma_dtype``, ``num_sms``, ``kernel``,
+    ``split_partials``), without the :class:`LaunchInfo`.
     """
     out, lse, _ = sparse_mla_decode_with_info(q, kv_cache, indices, sm_scale, d_v, **launch)
     return out, lse
@@ -625,15 +635,18 @@ def plan_splits(q: torch.Tensor, top_k: int, num_slots: int, d_v: int, block_h: 
     device; ``num_splits`` (default :func:`choose_num_splits`; ValueError unless an int >= 1)
     is cut so that every split gets at least one ``block_n`` tile, and is 0 when there is
     nothing to attend (``top_k`` or ``num_slots`` 0: ``out`` is then 0 and ``lse`` ``+inf``,
-    nothing to launch); ``part_o [B, H, S, d_v]`` / ``part_lse [B, H, S]`` fp32 are the
-    per-split partials for :func:`combine_splits` (``lse`` itself, unused, with one split)."""
+    nothing to launch); ``part_o [B, H, S, d_v]`` (``part_dtype``: float32, or bf16 for the ws
+    kernel's ``split_partials="bfloat16"``, which the split count's model prices too) /
+    ``part_lse [B, H, S]`` fp32 are the per-split partials for :func:`combine_splits` (``lse``
+    itself, unused, with one split)."""
     bsz, num_heads, _ = q.shape
     if num_sms is None:
         num_sms = (_num_sms(q.device.index if q.device.index is not None else torch.cuda.current_device())
                    if q.device.type == "cuda" else DEFAULT_NUM_SMS)
     if num_splits is None:
         num_splits = choose_num_splits(bsz, num_heads, max(top_k, 1), block_h=block_h,
-                                       block_n=block_n, num_sms=num_sms, d_v=d_v)
+                                       block_n=block_n, num_sms=num_sms, d_v=d_v,
+                                       partial_bytes=part_dtype.itemsize)
     if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 1:
         raise ValueError(f"num_splits must be an int >= 1, got {num_splits!r}")
     out = torch.empty((bsz, num_heads, d_v), dtype=torch.bfloat16, device=q.device)
@@ -654,9 +667,8 @@ def plan_splits(q: torch.Tensor, top_k: int, num_slots: int, d_v: int, block_h: 
     return out, lse, num_splits, tiles_per_split, part_o, part_lse
 
 
-#: A/B switch (device call i4): bf16 partials' combine programs with only as many warps as
-#: a row's words fill (128 a warp), so that the sum over the splits stays within a thread
-_PAIRS_WARPS_BY_COLUMNS = False
+#: ``split_partials``: the dtype of a split call's partials, by name
+SPLIT_PARTIALS = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 #: 32-bit words of partials one combine program loads at once (32 a thread at 4 warps): float32
 #: values, or pairs of bf16 ones
 _COMBINE_ELEMS = 4096
@@ -697,7 +709,11 @@ def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
         lse, lse.stride(0),
         num_heads, num_splits,
         D_V=d_v, S_PAD=s_pad, BLOCK_D=block_d, PAIRS=pairs,
-        num_warps=min(4, max(1, block_d // 256)) if pairs and _PAIRS_WARPS_BY_COLUMNS else 4,
+        # bf16 pairs: as many warps as a row's words fill (128 words a warp), so that the sum
+        # over the splits stays within a thread: 4 warps laid the splits across warps, whose sum
+        # through shared memory had 4-way bank conflicts (B32, 2 splits: 18.6 us against 7.6 for
+        # float32 partials; by columns 7.6 cold, 6.2 with the partials in L2, BENCHMARKS 6w)
+        num_warps=min(4, max(1, block_d // 256)) if pairs else 4,
     )
 
 
@@ -772,7 +788,8 @@ def sparse_mla_decode_with_info(
         prefetch: Optional[str] = None, split_scores: Optional[bool] = None,
         mma_dtype: Optional[torch.dtype] = None,
         num_sms: Optional[int] = None,
-        kernel: str = "triton") -> Tuple[torch.Tensor, torch.Tensor, LaunchInfo]:
+        kernel: str = "triton",
+        split_partials: str = "float32") -> Tuple[torch.Tensor, torch.Tensor, LaunchInfo]:
     """Sparse MQA decode over top-k gathered KV rows (Triton, flash-decoding).
 
     Args:
@@ -840,9 +857,12 @@ def sparse_mla_decode_with_info(
         from backends.kernels.sparse_mla_decode_ws import sparse_mla_decode_ws
         return sparse_mla_decode_ws(q, kv_cache, indices, sm_scale, d_v,
                                     num_splits=num_splits, stages=num_stages,
-                                    num_sms=num_sms)
+                                    num_sms=num_sms, split_partials=split_partials)
     if kernel != "triton":
         raise ValueError(f"kernel must be 'triton' or 'ws', got {kernel!r}")
+    if split_partials != "float32":
+        raise ValueError(f"split_partials={split_partials!r} applies to kernel='ws' only (this "
+                         "kernel's partials are float32)")
     kind, sm_scale = check_decode_inputs(q, kv_cache, indices, sm_scale, d_v)
     bsz, num_heads, d_qk = q.shape
     d_rope = d_qk - d_v

@@ -57,7 +57,8 @@ that path, as FlashMLA's producer warps do:
   shared memory it is done with (warpgroup 0 the query block; warpgroup 1 the bf16 tile once
   warpgroup 0 has handed the row sums, after its last PV MMA; the bf16 consumers the stages)
   and stores them as 16-byte vectors along a row; a split's float32 partials go straight from
-  the accumulator (8 bytes a thread, whole sectors). B128 H128 fp8 210 us against 213 stored
+  the accumulator (8 bytes a thread, whole sectors), its bf16 partials
+  (``split_partials="bfloat16"``) the staged way. B128 H128 fp8 210 us against 213 stored
   from the accumulator, bf16 184 against 192 (BENCHMARKS 6t).
 
 Shared memory (:func:`shared_memory_bytes`): the query block (72 KB at 64 heads, d_qk 576),
@@ -79,8 +80,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma, warpgroup_mma_wait)
 
 from backends.kernels.kv_format import fp8_ds_mla_offsets
-from backends.kernels.sparse_mla_decode import (LaunchInfo, check_decode_inputs, combine_splits,
-                                                kernel_args, plan_splits)
+from backends.kernels.sparse_mla_decode import (SPLIT_PARTIALS, LaunchInfo, check_decode_inputs,
+                                                combine_splits, kernel_args, plan_splits)
 
 __all__ = ["sparse_mla_decode_ws", "ws_supported", "shared_memory_bytes", "compile_for_sm90",
            "WS_BLOCK_H", "WS_BLOCK_N"]
@@ -124,12 +125,9 @@ _Q_EARLY = True
 #: accumulator's layout: B128 H128 fp8 210.0 / 210.3 us against 212.8 / 214.1, bf16 183.1 /
 #: 184.1 against 191.2 / 192.1 (BENCHMARKS 6t). A split's float32 partials stay stored from the
 #: accumulator's layout (8 bytes a thread, whole sectors): staged they were 0.1-1.8 us slower at
-#: B1-B8 (the 128 KB round trip through shared memory a program)
+#: B1-B8 (the 128 KB round trip through shared memory a program); bf16 partials
+#: (``split_partials="bfloat16"``) are staged as the output is (BENCHMARKS 6w)
 _STAGED_STORE = True
-#: A/B switch (device calls i1-i3): the split partials' dtype. bf16 partials halve the bytes
-#: the decode writes and the combine reads (B4 H128: 16.8 -> 8.4 MB) and are stored through
-#: shared memory as 16-byte vectors, as the bf16 output is
-_PARTIALS = torch.float32
 #: registers per thread of the whole program: 12 warps x 32 x 168 <= 64 K; the consumers get
 #: (168 * 12 - 48 * 4) / 8 = 228 rounded down to setmaxnreg's multiple of 8: 224 (the PTX's
 #: setmaxnreg). ptxas 12.8 (Triton 3.6) for sm_90a: no spills for bf16 rows, 20 bytes for
@@ -450,7 +448,8 @@ def _store_o(acc, l_safe, buf, b, h0, H, split, num_splits, out_ptr, stride_ob, 
     """Stores output columns ``[V0, V0 + W)`` of a program's heads: ``acc`` float32 in ``o_l``
     (``[BLOCK_H, W]``; ``[W, BLOCK_H]`` ``TRANSPOSED``) divided by the row sums ``l_safe
     [BLOCK_H]`` (any layout), as bf16 into ``out [B, H, D_V]`` or, for a split, as float32
-    partials ``[B, H, S, D_V]``. ``STAGED`` (the bf16 output only): through ``buf`` (shared
+    partials ``[B, H, S, D_V]`` of ``part_o_ptr``'s dtype (float32 or bf16). ``STAGED`` (16-bit
+    values: the output, bf16 partials): through ``buf`` (shared
     memory of at least ``BLOCK_H x W`` bf16 that no one reads or writes any more), so that
     every thread stores whole 16-byte vectors along a row (a warp 512 contiguous bytes) instead
     of the accumulator layout's 2 values (4 bytes, half a sector) in 8 rows."""
@@ -922,7 +921,8 @@ def shared_memory_bytes(kind: str, d_v: int, stages: int, block_h: int = WS_BLOC
 
 def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor,
                          sm_scale: float, d_v: int = 512, *, num_splits: Optional[int] = None,
-                         stages: Optional[int] = None, num_sms: Optional[int] = None
+                         stages: Optional[int] = None, num_sms: Optional[int] = None,
+                         split_partials: str = "float32"
                          ) -> Tuple[torch.Tensor, torch.Tensor, LaunchInfo]:
     """Sparse MQA decode over top-k gathered KV rows, warp-specialised (Hopper).
 
@@ -935,8 +935,19 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
     ``num_splits``: top-k splits (flash-decoding; default the same wave model);
     ``stages``: KV tiles in shared memory (default the most that fit, at most 3: 2 at d_qk 576
     with 64-head programs, 3 for fp8_ds_mla rows in 16-head programs; more than fit is a
-    ValueError naming the bytes, :func:`shared_memory_bytes`; 1 serialises gather and MMAs).
+    ValueError naming the bytes, :func:`shared_memory_bytes`; 1 serialises gather and MMAs);
+    ``split_partials``: ``"float32"`` (FlashMLA's) or ``"bfloat16"`` partials of a split call
+    (``sparse_mla_decode.SPLIT_PARTIALS``): bf16 ones are stored through shared memory as
+    16-byte vectors and read by the combine as int32 pairs, half the bytes: H200, fp8_ds_mla
+    H128 top_k 2048, CUDA-graph replays (call i9): 0.72 / 0.82 / 0.91 / 0.89 / 0.91 / 0.99 of
+    FlashMLA's time at B1 / B2 / B4 / B8 / B16 / B32 against 0.80-0.84 / 0.95 / 1.05 / 0.98 /
+    0.97 / 1.03 with float32 partials, for an error from the float32 reference of
+    4.85e-3-4.98e-3 against 4.67e-3-4.82e-3 (FlashMLA's the latter); bf16 rows 2.2e-3-2.4e-3
+    against 1.8e-3 (BENCHMARKS 6w).
     """
+    if split_partials not in SPLIT_PARTIALS:
+        raise ValueError(f"split_partials must be one of {', '.join(SPLIT_PARTIALS)}, got "
+                         f"{split_partials!r}")
     if isinstance(q, torch.Tensor) and q.device.type != "cuda":
         raise ValueError(f"sparse_mla_decode_ws needs a CUDA device (tensors on {q.device}; the "
                          "Triton interpreter cannot run Gluon kernels)")
@@ -961,17 +972,18 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
                          f"{_SMEM_BUDGET} (at most {most} stages)")
     top_k, num_slots = indices.shape[1], kv_cache.shape[0]
     plan = plan_splits(q, top_k, num_slots, d_v, block_h, WS_BLOCK_N, num_splits, num_sms,
-                       part_dtype=_PARTIALS)
+                       part_dtype=SPLIT_PARTIALS[split_partials])
     out, lse, num_splits, _, part_o, part_lse = plan
     info = LaunchInfo(block_h, WS_BLOCK_N, 4 if kind == "fp8_ds_mla" else 8, stages,
                       max(num_splits, 1), "producer", True,
-                      kernel="ws")
+                      kernel="ws", split_partials=split_partials)
     if num_splits == 0:
         return out, lse, info
     num_head_blocks = -(-num_heads // block_h)
     kernel = _sparse_mla_decode_ws_fwd[(bsz * num_splits * num_head_blocks,)](
         *kernel_args(q, kv_cache, kind, indices, sm_scale, d_v, plan, num_head_blocks),
-        **_constexprs(kind, d_v, d_qk - d_v, stages, num_splits > 1, block_h),
+        **_constexprs(kind, d_v, d_qk - d_v, stages, num_splits > 1, block_h,
+                      split_partials == "bfloat16"),
         num_warps=4 if kind == "fp8_ds_mla" else 8, maxnreg=_MAXNREG,
     )
     if num_splits > 1:
@@ -983,7 +995,7 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
 
 
 def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
-                block_h: int = WS_BLOCK_H) -> dict:
+                block_h: int = WS_BLOCK_H, bf16_partials: bool = False) -> dict:
     """The kernel's compile-time arguments for KV rows of ``kind``: the fp8 layouts cover a
     row's ``d_v / 128`` scale groups of 128 bytes with 16-byte vectors (producer: 4 warps, a
     token's groups a warp; consumers' dequantization: a warpgroup, 8 tokens x 64 bytes a warp). The
@@ -1005,26 +1017,27 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
                 SCALE_LAYOUT=gl.BlockedLayout([1, 1], [32 // tpw_g, tpw_g],
                                               [_PRODUCER_WARPS, 1], [1, 0]),
                 DEQ_ROWS=_DEQ_ROWS, DEQ_BF16=_DEQ_BF16, A1_REGS=_A1_REGS, Q_EARLY=_Q_EARLY,
-                STAGED=_STAGED_STORE and (not split or _PARTIALS.itemsize == 2),
+                STAGED=_STAGED_STORE and (not split or bf16_partials),
                 DEQ_LAYOUT=gl.BlockedLayout([1, 1, 16], [8, 1, 4], [2, 1, 2], [2, 0, 1]),
                 RAW_SMEM=gl.SwizzledSharedLayout(16, 1, 8, [2, 0, 1]),
                 SCALE_SMEM=gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
 
 
 def compile_for_sm90(kind: str = "bf16", *, d_v: int = 512, d_rope: int = 64, stages: int = 2,
-                     split: bool = False, block_h: int = WS_BLOCK_H):
+                     split: bool = False, block_h: int = WS_BLOCK_H,
+                     split_partials: str = "float32"):
     """The kernel compiled by the installed Triton for sm_90a without a GPU (a
     ``triton.compiler.CompiledKernel``: ``asm["ttgir" | "ptx" | "cubin"]``,
     ``metadata.shared`` in bytes) for KV rows of ``kind`` (``"bf16"`` or ``"fp8_ds_mla"``), with
     the divisibility Triton specialises for contiguous DeepSeek-V3.2-sized tensors. For
     inspecting what the compiler makes of it, not for running it."""
     from backends.kernels.compile_target import compile_for_target
-    const = _constexprs(kind, d_v, d_rope, stages, split, block_h)
+    const = _constexprs(kind, d_v, d_rope, stages, split, block_h, split_partials == "bfloat16")
     fp8 = kind == "fp8_ds_mla"
     ptrs = dict(q_ptr="*bf16", kv_ptr="*u8" if fp8 else "*bf16",
                 scale_ptr="*fp32" if fp8 else "*bf16", rope_ptr="*bf16", idx_ptr="*i32",
                 out_ptr="*bf16", lse_ptr="*fp32", part_lse_ptr="*fp32",
-                part_o_ptr="*bf16" if _PARTIALS == torch.bfloat16 else "*fp32")
+                part_o_ptr="*bf16" if split_partials == "bfloat16" else "*fp32")
     div16 = {"stride_qb", "stride_qh", "stride_kv", "stride_ib", "stride_ob", "stride_oh",
              "stride_lb", "H", "K"} | (set() if fp8 else {"stride_rope"})
     return compile_for_target(_sparse_mla_decode_ws_fwd, const, ptrs, div16,

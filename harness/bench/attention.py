@@ -102,7 +102,8 @@ QUICK = Sizes(320, 256, 256, 16, (Shape("quick_B2_H16_k96", 2, 16, 96, ("default
 ALL = tuple(KV_DTYPES)
 FP8 = ("fp8_ds_mla",)
 #: the warp-specialised Gluon kernel (backends/kernels/sparse_mla_decode_ws.py: Hopper)
-_WS = (("ws", {"kernel": "ws"}, ALL),)
+_WS = (("ws", {"kernel": "ws"}, ALL),
+       ("ws_bf16p", {"kernel": "ws", "split_partials": "bfloat16"}, ALL))
 
 
 @dataclass(frozen=True)
@@ -165,12 +166,15 @@ def _small(batch: int, auto_splits: int) -> TuneShape:
 
 #: the tuning grid (``--tune``); the small-batch split counts bracket ``choose_num_splits``'s
 #: choice at 64-token tiles on 132 SMs (32, 16, 16, 8 for B = 1, 2, 4, 8; a split count past
-#: the 32 tiles is clamped to one tile per split)
+#: the 32 tiles is clamped to one tile per split); B16 / B32 at H128 and B4 / B8 at H16 (split
+#: calls) for the ws kernel with float32 and bf16 partials (``ws_bf16p``)
 TUNE = (TuneShape("B128_H128_k2048", 128, 128, 2048, _BIG),
         TuneShape("B128_H16_k2048", 128, 16, 2048, _TP8),
         TuneShape("B128_H32_k2048", 128, 32, 2048, (("default", {}, ALL),
                                                      ("h64", {"block_h": 64}, ALL), *_WS)),
-        _small(1, 32), _small(2, 16), _small(4, 16), _small(8, 8))
+        _small(1, 32), _small(2, 16), _small(4, 16), _small(8, 8),
+        *(TuneShape(f"B{b}_H{h}_k2048", b, h, 2048, (("default", {}, ALL), *_WS))
+          for b, h in ((16, 128), (32, 128), (4, 16), (8, 16))))
 TUNE_QUICK = (TuneShape("quick_B2_H16_k96", 2, 16, 96, (
     ("default", {}, ALL),
     ("n16", {"block_n": 16}, ALL),
