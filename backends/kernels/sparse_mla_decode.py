@@ -667,6 +667,9 @@ def plan_splits(q: torch.Tensor, top_k: int, num_slots: int, d_v: int, block_h: 
     return out, lse, num_splits, tiles_per_split, part_o, part_lse
 
 
+#: A/B switch (device call i11): float32 partials' combine programs at as many warps as a row's
+#: columns fill (128 a warp) too
+_F32_WARPS_BY_COLUMNS = False
 #: ``split_partials``: the dtype of a split call's partials, by name
 SPLIT_PARTIALS = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 #: 32-bit words of partials one combine program loads at once (32 a thread at 4 warps): float32
@@ -713,7 +716,8 @@ def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
         # over the splits stays within a thread: 4 warps laid the splits across warps, whose sum
         # through shared memory had 4-way bank conflicts (B32, 2 splits: 18.6 us against 7.6 for
         # float32 partials; by columns 7.6 cold, 6.2 with the partials in L2, BENCHMARKS 6w)
-        num_warps=min(4, max(1, block_d // 256)) if pairs else 4,
+        num_warps=(min(4, max(1, block_d // 256)) if pairs else
+                   min(4, max(1, block_d // 128)) if _F32_WARPS_BY_COLUMNS else 4),
     )
 
 
