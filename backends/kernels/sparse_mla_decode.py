@@ -667,9 +667,6 @@ def plan_splits(q: torch.Tensor, top_k: int, num_slots: int, d_v: int, block_h: 
     return out, lse, num_splits, tiles_per_split, part_o, part_lse
 
 
-#: A/B switch (device call i11): float32 partials' combine programs at as many warps as a row's
-#: columns fill (128 a warp) too
-_F32_WARPS_BY_COLUMNS = False
 #: ``split_partials``: the dtype of a split call's partials, by name
 SPLIT_PARTIALS = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 #: 32-bit words of partials one combine program loads at once (32 a thread at 4 warps): float32
@@ -679,19 +676,23 @@ _COMBINE_ELEMS = 4096
 
 def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor,
                    lse: torch.Tensor) -> None:
-    """Merges per-split partials ``part_o [B, H, S, d_v]`` (normalised o) and ``part_lse
-    [B, H, S]`` (natural log, -inf for an empty split), fp32 contiguous, into ``out [B, H, d_v]``
+    """Merges per-split partials ``part_o [B, H, S, d_v]`` (normalised o; float32 or bf16) and
+    ``part_lse [B, H, S]`` (natural log, -inf for an empty split; float32), contiguous, into
+    ``out [B, H, d_v]``
     bf16 and ``lse [B, H]`` fp32 (``+inf`` and 0 where every split is empty). Measured on the
     H200 (BENCHMARKS 6q, fp8_ds_mla rows, H128 top_k 2048): the combine alone 9.0 / 7.8 / 10.3 /
     9.8 us at B1 / 2 / 4 / 8 against 13.5 / 9.8 / 11.6 / 10.3 with a loop over the splits, the
     decodes 0.9-1.4 us faster at B4 and B8; launched as a programmatic dependent of the decode
     it saved up to 1 us at B1-2 and cost up to 1.9 at B4 (calls c2, c3), and -0.5 to +0.2 us
-    at B1-B8 when re-measured (BENCHMARKS 6t), so it is a plain launch; 8 warps a program
-    instead of 4 was within the spread at 2-16 splits, and the splits summed a row a program in
-    an unrolled loop (no cross-warp sum) 0.9 us faster to 2.9 us slower at B1-B32 (6t); a
-    programmatic dependent whose programs each wait for their own row's splits (the decode
-    counting its stored partials in on a counter a row) -0.7 to +0.5 us at B1-B8 and 0.7 to
-    4.1 us slower at B16-B32 (6u)."""
+    at B1-B8 when re-measured (BENCHMARKS 6t), so it is a plain launch; the splits summed a row
+    a program in an unrolled loop (no cross-warp sum) 0.9 us faster to 2.9 us slower at B1-B32
+    (6t); a programmatic dependent whose programs each wait for their own row's splits (the
+    decode counting its stored partials in on a counter a row) -0.7 to +0.5 us at B1-B8 and 0.7
+    to 4.1 us slower at B16-B32 (6u). A program has as many warps as a row's words fill (at
+    most 4), so the sum over the splits stays within a thread (6w). bf16 partials (the ws
+    kernel's ``split_partials="bfloat16"``) are read as int32 pairs and the output written as
+    such (``PAIRS``); ``out`` then needs even strides and a 4-byte aligned start (ValueError
+    otherwise)."""
     bsz, num_heads, num_splits, d_v = part_o.shape
     pairs = part_o.dtype == torch.bfloat16
     if part_o.dtype not in (torch.float32, torch.bfloat16) or (pairs and d_v % 2):
@@ -712,12 +713,12 @@ def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
         lse, lse.stride(0),
         num_heads, num_splits,
         D_V=d_v, S_PAD=s_pad, BLOCK_D=block_d, PAIRS=pairs,
-        # bf16 pairs: as many warps as a row's words fill (128 words a warp), so that the sum
+        # as many warps as a row's 32-bit words fill (128 a warp), at most 4, so that the sum
         # over the splits stays within a thread: 4 warps laid the splits across warps, whose sum
-        # through shared memory had 4-way bank conflicts (B32, 2 splits: 18.6 us against 7.6 for
-        # float32 partials; by columns 7.6 cold, 6.2 with the partials in L2, BENCHMARKS 6w)
-        num_warps=(min(4, max(1, block_d // 256)) if pairs else
-                   min(4, max(1, block_d // 128)) if _F32_WARPS_BY_COLUMNS else 4),
+        # through shared memory had 4-way bank conflicts (bf16 pairs at B32, 2 splits: 18.6 us
+        # against 7.6 for float32 partials; by columns 7.6. Float32 partials at 16-32 splits:
+        # the ws call at B1 / B4 0.6-1.2 us faster. BENCHMARKS 6w)
+        num_warps=min(4, max(1, block_d // (256 if pairs else 128))),
     )
 
 
