@@ -842,8 +842,12 @@ def sparse_mla_decode_with_info(
             kernel (:mod:`backends.kernels.sparse_mla_decode_ws`; Hopper, both row formats,
             any head count: 16- / 32-head or 64-head programs, ``d_qk - d_v = 64``:
             ``ws_supported``), which takes ``num_stages`` (default: the most that fit, at
-            most 3) and ``num_splits`` only: the other launch options must keep their
-            defaults.
+            most 3), ``num_splits`` and ``split_partials`` only: the other launch options
+            must keep their defaults.
+        split_partials: dtype of a split call's per-split partials, ``"float32"`` (FlashMLA's;
+            the default) or, with ``kernel="ws"`` only, ``"bfloat16"``: half the bytes the
+            decode writes and the combine reads, for 1.02-1.05x the float32 partials' error
+            with fp8_ds_mla rows and 1.25-1.29x with bf16 rows (H200, BENCHMARKS 6w).
 
     Returns:
         ``out [B, H, d_v]`` torch.bfloat16 and ``lse [B, H]`` torch.float32 (natural log of

@@ -939,11 +939,10 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
     ``split_partials``: ``"float32"`` (FlashMLA's) or ``"bfloat16"`` partials of a split call
     (``sparse_mla_decode.SPLIT_PARTIALS``): bf16 ones are stored through shared memory as
     16-byte vectors and read by the combine as int32 pairs, half the bytes: H200, fp8_ds_mla
-    H128 top_k 2048, CUDA-graph replays (call i9): 0.72 / 0.82 / 0.91 / 0.89 / 0.91 / 0.99 of
-    FlashMLA's time at B1 / B2 / B4 / B8 / B16 / B32 against 0.80-0.84 / 0.95 / 1.05 / 0.98 /
-    0.97 / 1.03 with float32 partials, for an error from the float32 reference of
-    4.85e-3-4.98e-3 against 4.67e-3-4.82e-3 (FlashMLA's the latter); bf16 rows 2.2e-3-2.4e-3
-    against 1.8e-3 (BENCHMARKS 6w).
+    H128 top_k 2048, CUDA-graph replays: 0.73 / 0.84 / 0.91 / 0.88 / 0.91 / 0.98 of FlashMLA's
+    time at B1 / B2 / B4 / B8 / B16 / B32 against 0.77 / 0.94 / 1.01 / 0.98 / 0.97 / 1.02 with
+    float32 partials, for 1.02-1.05x the float32 partials' error from the float32 reference
+    (which equals FlashMLA's) with fp8_ds_mla rows, 1.25-1.29x with bf16 rows (BENCHMARKS 6w).
     """
     if split_partials not in SPLIT_PARTIALS:
         raise ValueError(f"split_partials must be one of {', '.join(SPLIT_PARTIALS)}, got "
