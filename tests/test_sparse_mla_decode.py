@@ -151,6 +151,21 @@ def test_combine_splits_matches_torch(device, num_splits, d_v, part_dtype):
     assert lse.cpu()[1, 2] == math.inf
 
 
+def test_combine_splits_names_what_it_cannot_merge():
+    """Partials other than float32 / bf16, bf16 ones at an odd d_v, and an out whose rows are
+    not whole 4-byte words for bf16 pairs: one ValueError each, before any launch."""
+    b, h, s, d = 1, 2, 3, 64
+    lse = torch.zeros(b, h, s)
+    out, o_lse = torch.empty(b, h, d, dtype=torch.bfloat16), torch.empty(b, h)
+    with pytest.raises(ValueError, match="part_o must be float32, or bfloat16 with an even d_v"):
+        combine_splits(torch.randn(b, h, s, d).half(), lse, out, o_lse)
+    with pytest.raises(ValueError, match="got torch.bfloat16 with d_v=63"):
+        combine_splits(torch.randn(b, h, s, 63).bfloat16(), lse, out[..., :63], o_lse)
+    odd = torch.empty(b, h, d + 1, dtype=torch.bfloat16)[..., :d]      # rows 65 values apart
+    with pytest.raises(ValueError, match="out must have even strides"):
+        combine_splits(torch.randn(b, h, s, d).bfloat16(), lse, odd, o_lse)
+
+
 def test_choose_num_splits():
     assert choose_num_splits(128, 128, 2048) == 1            # 256 programs already fill 132 SMs
     # bf16 partials (half the bytes) tip B2 H128 from 16 to 32 splits (measured best, 6w), and

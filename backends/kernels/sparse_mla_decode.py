@@ -344,8 +344,9 @@ def _sparse_mla_decode_combine(
     ``PAIRS``: bf16 partials read as int32 words of two columns each (``part_o_ptr`` an int32
     view ``[B, H, S, D_V / 2]``; the even column in the low half), widened to float32 by
     shifts, and the output written as such words (``out_ptr`` an int32 view, its strides in
-    words), so that loads, sums and stores keep one layout (an interleave of the two halves
-    went through shared memory: 2-2.6x the float32 partials' combine time at 2-4 splits)."""
+    words), so that loads, sums and stores keep the float32 partials' layout (loaded as bf16,
+    Triton laid them out 8 a thread and moved them to the sum's layout through shared memory;
+    BENCHMARKS 6w)."""
     pid = tl.program_id(0)                  # = b * H + h
     b = pid // H
     h = pid % H
