@@ -62,9 +62,10 @@ def test_options_that_do_not_apply_are_refused():
     # bf16 split partials are the ws kernel's; a dtype it does not have is named first
     with pytest.raises(ValueError, match="split_partials='bfloat16' applies to kernel='ws' only"):
         sparse_mla_decode(q, kv, idx, 0.1, 256, split_partials="bfloat16")
-    with pytest.raises(ValueError, match="split_partials must be one of float32, bfloat16, got "
-                                         "'float16'"):
-        sparse_mla_decode(q, kv, idx, 0.1, 256, kernel="ws", split_partials="float16")
+    for kernel in ("ws", "triton"):
+        with pytest.raises(ValueError, match="split_partials must be one of float32, bfloat16, "
+                                             "got 'float16'"):
+            sparse_mla_decode(q, kv, idx, 0.1, 256, kernel=kernel, split_partials="float16")
     if _hopper():
         with pytest.raises(ValueError, match="stages must be an int >= 1"):
             sparse_mla_decode(q.cuda(), kv.cuda(), idx.cuda(), 0.1, 256, kernel="ws", num_stages=0)

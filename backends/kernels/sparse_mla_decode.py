@@ -670,6 +670,16 @@ def plan_splits(q: torch.Tensor, top_k: int, num_slots: int, d_v: int, block_h: 
 
 #: ``split_partials``: the dtype of a split call's partials, by name
 SPLIT_PARTIALS = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def split_partials_dtype(split_partials) -> torch.dtype:
+    """The partials' torch dtype for a ``split_partials`` name; ValueError naming the allowed
+    names otherwise."""
+    if split_partials not in SPLIT_PARTIALS:
+        raise ValueError(f"split_partials must be one of {', '.join(SPLIT_PARTIALS)}, got "
+                         f"{split_partials!r}")
+    return SPLIT_PARTIALS[split_partials]
+
 #: 32-bit words of partials one combine program loads at once (32 a thread at 4 warps): float32
 #: values, or pairs of bf16 ones
 _COMBINE_ELEMS = 4096
@@ -856,6 +866,7 @@ def sparse_mla_decode_with_info(
         with no valid index), both contiguous on ``q``'s device, and the :class:`LaunchInfo`
         of the call.
     """
+    split_partials_dtype(split_partials)
     if kernel == "ws":
         fixed = dict(block_h=(block_h, None), block_n=(block_n, 64), num_warps=(num_warps, 8),
                      prefetch=(prefetch, None), split_scores=(split_scores, None),

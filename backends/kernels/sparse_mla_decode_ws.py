@@ -80,8 +80,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma, warpgroup_mma_wait)
 
 from backends.kernels.kv_format import fp8_ds_mla_offsets
-from backends.kernels.sparse_mla_decode import (SPLIT_PARTIALS, LaunchInfo, check_decode_inputs,
-                                                combine_splits, kernel_args, plan_splits)
+from backends.kernels.sparse_mla_decode import (LaunchInfo, check_decode_inputs, combine_splits,
+                                                kernel_args, plan_splits, split_partials_dtype)
 
 __all__ = ["sparse_mla_decode_ws", "ws_supported", "shared_memory_bytes", "compile_for_sm90",
            "WS_BLOCK_H", "WS_BLOCK_N"]
@@ -937,16 +937,14 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
     with 64-head programs, 3 for fp8_ds_mla rows in 16-head programs; more than fit is a
     ValueError naming the bytes, :func:`shared_memory_bytes`; 1 serialises gather and MMAs);
     ``split_partials``: ``"float32"`` (FlashMLA's) or ``"bfloat16"`` partials of a split call
-    (``sparse_mla_decode.SPLIT_PARTIALS``): bf16 ones are stored through shared memory as
-    16-byte vectors and read by the combine as int32 pairs, half the bytes: H200, fp8_ds_mla
+    (``sparse_mla_decode.SPLIT_PARTIALS``; ValueError otherwise): bf16 ones are stored
+    through shared memory as 16-byte vectors and read by the combine as int32 pairs, half the bytes: H200, fp8_ds_mla
     H128 top_k 2048, CUDA-graph replays: 0.73 / 0.84 / 0.91 / 0.88 / 0.91 / 0.98 of FlashMLA's
     time at B1 / B2 / B4 / B8 / B16 / B32 against 0.77 / 0.94 / 1.01 / 0.98 / 0.97 / 1.02 with
     float32 partials, for 1.02-1.05x the float32 partials' error from the float32 reference
     (which equals FlashMLA's) with fp8_ds_mla rows, 1.25-1.29x with bf16 rows (BENCHMARKS 6w).
     """
-    if split_partials not in SPLIT_PARTIALS:
-        raise ValueError(f"split_partials must be one of {', '.join(SPLIT_PARTIALS)}, got "
-                         f"{split_partials!r}")
+    part_dtype = split_partials_dtype(split_partials)
     if isinstance(q, torch.Tensor) and q.device.type != "cuda":
         raise ValueError(f"sparse_mla_decode_ws needs a CUDA device (tensors on {q.device}; the "
                          "Triton interpreter cannot run Gluon kernels)")
@@ -971,7 +969,7 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
                          f"{_SMEM_BUDGET} (at most {most} stages)")
     top_k, num_slots = indices.shape[1], kv_cache.shape[0]
     plan = plan_splits(q, top_k, num_slots, d_v, block_h, WS_BLOCK_N, num_splits, num_sms,
-                       part_dtype=SPLIT_PARTIALS[split_partials])
+                       part_dtype=part_dtype)
     out, lse, num_splits, _, part_o, part_lse = plan
     info = LaunchInfo(block_h, WS_BLOCK_N, 4 if kind == "fp8_ds_mla" else 8, stages,
                       max(num_splits, 1), "producer", True,
