@@ -151,19 +151,63 @@ def test_combine_splits_matches_torch(device, num_splits, d_v, part_dtype):
     assert lse.cpu()[1, 2] == math.inf
 
 
+@pytest.mark.parametrize("num_splits,nch", [
+    (16, 2), (3, 1), (64, 4),
+    *(pytest.param(s, c, marks=pytest.mark.gpu) for s, c in ((16, 2), (2, 2), (32, 1)))])
+def test_combine_splits_scaled_float16(device, num_splits, nch):
+    """fp16 partials each stored divided by a power of two per (row, split, column range): the
+    combine against the float64 merge of the unscaled values, which span 1e-6 to 1e6 (outside
+    fp16's range either way, so an exponent applied to the wrong range, split or weight, or not
+    at all, is off by orders of magnitude), with empty splits and an all-empty row."""
+    g = torch.Generator().manual_seed(num_splits + nch)
+    b, h, d_v = 2, 3, 256
+    mag = 10.0 ** torch.randint(-6, 7, (b, h, 1, 1), generator=g).double()
+    o = torch.randn(b, h, num_splits, d_v, generator=g).double() * mag
+    o = o * 10.0 ** torch.randint(-1, 2, (b, h, num_splits, nch), generator=g).double() \
+        .repeat_interleave(d_v // nch, dim=-1)
+    amax = o.abs().view(b, h, num_splits, nch, d_v // nch).amax(-1)
+    e = (torch.floor(torch.log2(amax)) - 14).float()
+    part_o = (o / torch.exp2(e.double()).repeat_interleave(d_v // nch, dim=-1)).half()
+    assert torch.isfinite(part_o).all() and part_o.abs().max() < 32768
+    part_lse = torch.randn(b, h, num_splits, generator=g) * 4
+    part_lse[torch.rand(b, h, num_splits, generator=g) < 0.3] = -math.inf
+    part_lse[..., 0] = part_lse[..., 0].nan_to_num(neginf=0.5)
+    part_lse[1, 2] = -math.inf
+    out = torch.empty(b, h, d_v, dtype=torch.bfloat16, device=device)
+    lse = torch.empty(b, h, device=device)
+    combine_splits(part_o.to(device), part_lse.to(device), out, lse, part_e=e.to(device))
+    w = torch.softmax(part_lse.double(), dim=-1).nan_to_num(0.0)
+    ref = (w[..., None] * o).sum(2)
+    live = torch.isfinite(torch.logsumexp(part_lse.double(), dim=-1))
+    got = out.cpu().double()
+    scale = ref.abs().amax(-1, keepdim=True).clamp_min(1e-30)
+    assert ((got - ref).abs() / scale)[live].max() < 1e-2
+    assert ((got - ref).abs() / ref.abs().clamp_min(1e-3 * scale))[live].median() < 4e-3
+    assert torch.all(got[1, 2] == 0) and lse.cpu()[1, 2] == math.inf
+
+
 def test_combine_splits_names_what_it_cannot_merge():
-    """Partials other than float32 / bf16, bf16 ones at an odd d_v, and an out whose rows are
-    not whole 4-byte words for bf16 pairs: one ValueError each, before any launch."""
+    """Partials other than float32 / bf16 / fp16, 16-bit ones at an odd d_v, an out whose rows
+    are not whole 4-byte words for 16-bit pairs, fp16 partials without fitting exponents and
+    exponents for other partials: one ValueError each, before any launch."""
     b, h, s, d = 1, 2, 3, 64
     lse = torch.zeros(b, h, s)
     out, o_lse = torch.empty(b, h, d, dtype=torch.bfloat16), torch.empty(b, h)
-    with pytest.raises(ValueError, match="part_o must be float32, or bfloat16 with an even d_v"):
-        combine_splits(torch.randn(b, h, s, d).half(), lse, out, o_lse)
+    with pytest.raises(ValueError, match="part_o must be float32, or bfloat16 / float16 with an "
+                                         "even d_v; got torch.float64"):
+        combine_splits(torch.randn(b, h, s, d).double(), lse, out, o_lse)
     with pytest.raises(ValueError, match="got torch.bfloat16 with d_v=63"):
         combine_splits(torch.randn(b, h, s, 63).bfloat16(), lse, out[..., :63], o_lse)
     odd = torch.empty(b, h, d + 1, dtype=torch.bfloat16)[..., :d]      # rows 65 values apart
     with pytest.raises(ValueError, match="out must have even strides"):
         combine_splits(torch.randn(b, h, s, d).bfloat16(), lse, odd, o_lse)
+    half = torch.randn(b, h, s, d).half()
+    for bad in (None, torch.zeros(b, h, s), torch.zeros(b, h, s, 3), torch.zeros(b, h, s, 64),
+                torch.zeros(b, h, s, 2, dtype=torch.float64), torch.zeros(b, h, 2 * s, 2)):
+        with pytest.raises(ValueError, match="float16 partials need part_e"):
+            combine_splits(half, lse, out, o_lse, part_e=bad)
+    with pytest.raises(ValueError, match="part_e is for float16 partials only"):
+        combine_splits(torch.randn(b, h, s, d), lse, out, o_lse, part_e=torch.zeros(b, h, s, 1))
 
 
 def test_choose_num_splits():

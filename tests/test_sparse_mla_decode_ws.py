@@ -59,13 +59,15 @@ def test_options_that_do_not_apply_are_refused():
             sparse_mla_decode(q, kv, idx, 0.1, 256, kernel="ws", **kw)
     with pytest.raises(ValueError, match="kernel must be 'triton' or 'ws'"):
         sparse_mla_decode(q, kv, idx, 0.1, 256, kernel="cuda")
-    # bf16 split partials are the ws kernel's; a dtype it does not have is named first
-    with pytest.raises(ValueError, match="split_partials='bfloat16' applies to kernel='ws' only"):
-        sparse_mla_decode(q, kv, idx, 0.1, 256, split_partials="bfloat16")
+    # 16-bit split partials are the ws kernel's; a dtype it does not have is named first
+    for partials in ("bfloat16", "float16"):
+        with pytest.raises(ValueError, match=f"split_partials='{partials}' applies to "
+                                             "kernel='ws' only"):
+            sparse_mla_decode(q, kv, idx, 0.1, 256, split_partials=partials)
     for kernel in ("ws", "triton"):
         with pytest.raises(ValueError, match="split_partials must be one of float32, bfloat16, "
-                                             "got 'float16'"):
-            sparse_mla_decode(q, kv, idx, 0.1, 256, kernel=kernel, split_partials="float16")
+                                             "float16, got 'float64'"):
+            sparse_mla_decode(q, kv, idx, 0.1, 256, kernel=kernel, split_partials="float64")
     if _hopper():
         with pytest.raises(ValueError, match="stages must be an int >= 1"):
             sparse_mla_decode(q.cuda(), kv.cuda(), idx.cuda(), 0.1, 256, kernel="ws", num_stages=0)
@@ -213,7 +215,7 @@ import json
 from backends.kernels.sparse_mla_decode_ws import compile_for_sm90
 out = {}
 for kind in ("bf16", "fp8_ds_mla"):
-    for partials in ("float32", "bfloat16"):
+    for partials in ("float32", "bfloat16", "float16"):
         ptx = compile_for_sm90(kind, d_v=512, d_rope=64, stages=2, split=True,
                                split_partials=partials).asm["ptx"]
         out[f"{kind} split {partials}"] = {"st_global": ptx.count("st.global"),
@@ -247,15 +249,19 @@ def test_compiles_for_sm90_within_shared_memory():
     memory and out as 16-byte vectors (64 x 512 bf16 over 256 consumer threads: 16 vector
     stores a thread), so the only other global stores are the LSE's. A split call's float32
     partials go out from the accumulator's layout (8-byte stores, 2 floats a thread a row: 128
-    a thread over the fp8 consumers' 64 x 512, 64 over the bf16 ones' 8 warps), its bf16
-    partials as the bf16 output does (16-byte vectors, no 8-byte stores)."""
+    a thread over the fp8 consumers' 64 x 512, 64 over the bf16 ones' 8 warps), its bf16 and
+    fp16 partials as the bf16 output does (16-byte vectors, no 8-byte stores; the fp16 ones'
+    exponents a few scalar stores more)."""
     from tests.test_sparse_mla_decode import _H200_SMEM, _compile_report
     rep = _compile_report(_WS_COMPILE)
     for kind in ("bf16", "fp8_ds_mla"):
         f32, bf16 = rep.pop(f"{kind} split float32"), rep.pop(f"{kind} split bfloat16")
+        f16 = rep.pop(f"{kind} split float16")
         assert f32["st_global_v2"] >= 64 and f32["st_global_v4"] == 0, (kind, f32)
-        assert bf16["st_global_v4"] >= 16 and bf16["st_global_v2"] == 0, (kind, bf16)
+        for r in (bf16, f16):
+            assert r["st_global_v4"] >= 16 and r["st_global_v2"] == 0, (kind, r)
         assert bf16["st_global"] - bf16["st_global_v4"] <= 4, (kind, bf16)
+        assert 0 < f16["st_global"] - f16["st_global_v4"] - (bf16["st_global"] - bf16["st_global_v4"]) <= 4, (kind, f16)
     for kind, r in rep.items():
         assert r["wgmma"] == {"bf16": 40, "fp8_ds_mla": 44}[kind], (kind, r)
         assert r["cp_async"] > 0, (kind, r)
@@ -297,24 +303,54 @@ def test_dsv32_size_matches_reference(kv_dtype, num_splits, stages):
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_ds_mla"])
-def test_bf16_split_partials_match_reference(kv_dtype):
-    """``split_partials="bfloat16"`` at DeepSeek-V3.2's size, split by the model (which prices
-    the bf16 partials) and by hand, a fully masked row and a masked first split: within the
-    tolerance of the reference, and within one bf16 rounding of the float32 partials' output
-    on most values (a partial or the combine's word order wrong would be off by far more)."""
+@pytest.mark.parametrize("partials", ["bfloat16", "float16"])
+def test_16bit_split_partials_match_reference(kv_dtype, partials):
+    """``split_partials="bfloat16"`` / ``"float16"`` at DeepSeek-V3.2's size, split by the
+    model (which prices the 16-bit partials) and by hand, a fully masked row and a masked first
+    split: within the tolerance of the reference, and within one bf16 rounding of the float32
+    partials' output on most values (a partial or the combine's word order wrong would be off
+    by far more); fp16 ones (11 bits, a power of two a head's stored columns) add no more than
+    3 % to the float32 partials' error from the reference."""
     dev = torch.device("cuda")
     q, kv, idx = _inputs(41, b=4, h=128, d_v=512, d_rope=64, k=2048, num_slots=65536, device=dev)
     cache = make_kv_cache(kv, kv_dtype, d_nope=512)
     idx[3] = -1
     idx[2, :128] = -1
+    ref, _ = sparse_mla_decode_ref(q, cache, idx, 576 ** -0.5, 512)
     for splits in (None, 3):
         out, lse, info = _check(q, cache, idx, 512, kv_dtype, num_splits=splits,
-                                split_partials="bfloat16")
-        assert info.split_partials == "bfloat16" and info.num_splits == (splits or 16)
+                                split_partials=partials)
+        assert info.split_partials == partials and info.num_splits == (splits or 16)
         assert torch.all(out[3] == 0) and torch.all(lse[3] == math.inf)
         f32, lse32, _ = _check(q, cache, idx, 512, kv_dtype, num_splits=info.num_splits)
         rel = (out.float() - f32.float()).abs() / f32.float().abs().clamp_min(1e-2)
         assert rel.median().item() <= 4e-3 and torch.allclose(lse, lse32, atol=1e-5)
+        if partials == "float16":
+            err, err32 = ((o.float() - ref).norm() / ref.norm() for o in (out, f32))
+            assert err <= 1.03 * err32, (err, err32)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_ds_mla"])
+def test_float16_split_partials_hold_any_range(kv_dtype):
+    """fp16 partials of rows scaled by 2^20 (values past fp16's 65504) and by 2^-40 (below its
+    smallest normal), the scores kept by ``sm_scale``: the output within the tolerance of the
+    reference at every split count, as the float32 partials' is (unscaled fp16 would be inf or
+    flushed to 0)."""
+    dev = torch.device("cuda")
+    q, kv, idx = _inputs(43, b=2, h=128, d_v=512, d_rope=64, k=1024, num_slots=8192, device=dev)
+    for shift in (20, -40):
+        cache = make_kv_cache(kv.float().mul(2.0 ** shift).to(torch.bfloat16), kv_dtype,
+                              d_nope=512)
+        sm_scale = 576 ** -0.5 * 2.0 ** -shift
+        ref, _ = sparse_mla_decode_ref(q, cache, idx, sm_scale, 512)
+        assert ref.abs().max() > 65504 if shift > 0 else ref.abs().max() < 6e-5
+        for splits in (None, 4):
+            out, _, info = sparse_mla_decode_with_info(q, cache, idx, sm_scale, 512, kernel="ws",
+                                                       num_splits=splits, split_partials="float16")
+            assert info.num_splits > 1 and torch.isfinite(out.float()).all()
+            assert ((out.float() - ref).norm() / ref.norm()).item() <= REL_TOL, (shift, splits)
 
 
 @pytest.mark.gpu
@@ -377,17 +413,17 @@ def test_attention_switch_names_the_limit():
     timing: off Hopper it is a BackendInvalid naming why."""
     from backends.attention import ATTENTION_KERNELS, heads_computed, resolve_attention
     from backends.base import BackendInvalid
-    assert {"triton_ws", "triton_ws_bf16p"} <= set(ATTENTION_KERNELS)
+    assert {"triton_ws", "triton_ws_bf16p", "triton_ws_f16p"} <= set(ATTENTION_KERNELS)
     # the FLOP accounting counts the heads the programs compute: 16 / 32-head programs up to
     # 32 heads, else 64-head programs with a padded remainder
     for kind in ("bf16", "fp8_ds_mla"):
-        for name in ("triton_ws", "triton_ws_bf16p"):
+        for name in ("triton_ws", "triton_ws_bf16p", "triton_ws_f16p"):
             assert [heads_computed(name, h, kind) for h in (8, 16, 20, 32, 33, 64, 80, 128)] \
                 == [16, 16, 32, 32, 64, 64, 128, 128]
     assert heads_computed("triton", 16, "bf16") == 16
     kv = torch.zeros(64, 576, dtype=torch.bfloat16)
     if not _hopper():
-        for name in ("triton_ws", "triton_ws_bf16p"):
+        for name in ("triton_ws", "triton_ws_bf16p", "triton_ws_f16p"):
             with pytest.raises(BackendInvalid, match=f"attention_kernel='{name}' needs"):
                 resolve_attention(name, torch.device("cpu"), 128, 576, 512, kv)
     else:
@@ -397,10 +433,11 @@ def test_attention_switch_names_the_limit():
         out, _ = fn(q, kvr, idx, 0.05, 512)
         ref, _ = sparse_mla_decode_ref(q, kvr, idx, 0.05, 512)
         assert ((out.float() - ref).norm() / ref.norm()).item() <= REL_TOL
-        fn16 = resolve_attention("triton_ws_bf16p", torch.device("cuda"), 128, 576, 512, kv.cuda())
-        assert fn16.keywords == {"kernel": "ws", "split_partials": "bfloat16"}
-        out16, _ = fn16(q, kvr, idx, 0.05, 512)
-        assert ((out16.float() - ref).norm() / ref.norm()).item() <= REL_TOL
+        for name, partials in (("triton_ws_bf16p", "bfloat16"), ("triton_ws_f16p", "float16")):
+            fn16 = resolve_attention(name, torch.device("cuda"), 128, 576, 512, kv.cuda())
+            assert fn16.keywords == {"kernel": "ws", "split_partials": partials}
+            out16, _ = fn16(q, kvr, idx, 0.05, 512)
+            assert ((out16.float() - ref).norm() / ref.norm()).item() <= REL_TOL
         resolve_attention("triton_ws", torch.device("cuda"), 16, 576, 512, kv.cuda())
         with pytest.raises(BackendInvalid, match="d_v a power of two"):
             resolve_attention("triton_ws", torch.device("cuda"), 128, 576, 448, kv.cuda())

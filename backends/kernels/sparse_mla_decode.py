@@ -334,10 +334,12 @@ def _sparse_mla_decode_fwd(
 @triton.jit
 def _sparse_mla_decode_combine(
     part_o_ptr, part_lse_ptr,               # [B, H, S, D_V] fp32 (or int32 pairs) / [B, H, S] fp32
+    part_e_ptr,                             # [B, H, S, NCH] fp32 exponents (SCALED)
     out_ptr, stride_ob, stride_oh,          # out [B, H, D_V] bf16 (or int32 pairs)
     lse_ptr, stride_lb,                     # lse [B, H] fp32
     H, num_splits,
     D_V: tl.constexpr, S_PAD: tl.constexpr, BLOCK_D: tl.constexpr, PAIRS: tl.constexpr,
+    SCALED: tl.constexpr, NCH: tl.constexpr,
 ):
     """One program per (batch row x head, ``BLOCK_D`` columns of V): every split's partial of
     those columns loaded at once (``[S_PAD, BLOCK_D]``), weighted by ``exp(lse_s - max)``.
@@ -346,7 +348,10 @@ def _sparse_mla_decode_combine(
     shifts, and the output written as such words (``out_ptr`` an int32 view, its strides in
     words), so that loads, sums and stores keep the float32 partials' layout (loaded as bf16,
     Triton laid them out 8 a thread and moved them to the sum's layout through shared memory;
-    BENCHMARKS 6w)."""
+    BENCHMARKS 6w). ``SCALED``: the pairs are fp16, each row's ``NCH`` column ranges of a split
+    stored divided by ``2^e`` (``e`` in ``part_e``, a float); a program's ``BLOCK_D`` columns lie
+    in one range, whose ``2^e`` of each split joins that split's weight in the sum (not in the
+    sum of weights)."""
     pid = tl.program_id(0)                  # = b * H + h
     b = pid // H
     h = pid % H
@@ -366,8 +371,18 @@ def _sparse_mla_decode_combine(
         p_ok = offs_p < D_V // 2
         word = tl.load(part_o_ptr + (base + offs_s)[:, None] * (D_V // 2) + offs_p[None, :],
                        mask=s_ok[:, None] & p_ok[None, :], other=0)
-        even = tl.sum(w[:, None] * (word << 16).to(tl.float32, bitcast=True), 0) / denom
-        odd = tl.sum(w[:, None] * (word & -65536).to(tl.float32, bitcast=True), 0) / denom
+        if SCALED:
+            chunk = (tl.program_id(1) * BLOCK_D) // (D_V // NCH)
+            e = tl.load(part_e_ptr + (base + offs_s) * NCH + chunk, mask=s_ok, other=0.0)
+            w_o = w * tl.exp2(e)
+            lo = word.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+            hi = (word >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        else:
+            w_o = w
+            lo = (word << 16).to(tl.float32, bitcast=True)
+            hi = (word & -65536).to(tl.float32, bitcast=True)
+        even = tl.sum(w_o[:, None] * lo, 0) / denom
+        odd = tl.sum(w_o[:, None] * hi, 0) / denom
         # rounded to bf16 and packed two to a word again, in the layout they were summed in
         even = even.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 65535
         odd = odd.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32)
@@ -669,7 +684,7 @@ def plan_splits(q: torch.Tensor, top_k: int, num_slots: int, d_v: int, block_h: 
 
 
 #: ``split_partials``: the dtype of a split call's partials, by name
-SPLIT_PARTIALS = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+SPLIT_PARTIALS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def split_partials_dtype(split_partials) -> torch.dtype:
@@ -686,11 +701,13 @@ _COMBINE_ELEMS = 4096
 
 
 def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor,
-                   lse: torch.Tensor) -> None:
-    """Merges per-split partials ``part_o [B, H, S, d_v]`` (normalised o; float32 or bf16) and
-    ``part_lse [B, H, S]`` (natural log, -inf for an empty split; float32), contiguous, into
-    ``out [B, H, d_v]``
-    bf16 and ``lse [B, H]`` fp32 (``+inf`` and 0 where every split is empty). Measured on the
+                   lse: torch.Tensor, part_e: Optional[torch.Tensor] = None) -> None:
+    """Merges per-split partials ``part_o [B, H, S, d_v]`` (normalised o; float32, bf16, or fp16
+    scaled by ``part_e``) and ``part_lse [B, H, S]`` (natural log, -inf for an empty split;
+    float32), contiguous, into ``out [B, H, d_v]`` bf16 and ``lse [B, H]`` fp32 (``+inf`` and 0
+    where every split is empty). fp16 partials (the ws kernel's ``split_partials="float16"``)
+    need ``part_e [B, H, S, NCH]`` float32: split ``s``'s columns ``[j, j + 1) * d_v / NCH`` of a
+    row hold ``o / 2^part_e[..., s, j]`` (NCH a power of two); no ``part_e`` otherwise. Measured on the
     H200 (BENCHMARKS 6q, fp8_ds_mla rows, H128 top_k 2048): the combine alone 9.0 / 7.8 / 10.3 /
     9.8 us at B1 / 2 / 4 / 8 against 13.5 / 9.8 / 11.6 / 10.3 with a loop over the splits, the
     decodes 0.9-1.4 us faster at B4 and B8; launched as a programmatic dependent of the decode
@@ -700,30 +717,46 @@ def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
     (6t); a programmatic dependent whose programs each wait for their own row's splits (the
     decode counting its stored partials in on a counter a row) -0.7 to +0.5 us at B1-B8 and 0.7
     to 4.1 us slower at B16-B32 (6u). A program has as many warps as a row's words fill (at
-    most 4), so the sum over the splits stays within a thread (6w). bf16 partials (the ws
-    kernel's ``split_partials="bfloat16"``) are read as int32 pairs and the output written as
-    such (``PAIRS``); ``out`` then needs even strides and a 4-byte aligned start (ValueError
-    otherwise)."""
+    most 4), so the sum over the splits stays within a thread (6w). 16-bit partials are read as
+    int32 pairs and the output written as such (``PAIRS``); ``out`` then needs even strides and
+    a 4-byte aligned start. Partials of another dtype, 16-bit ones at an odd ``d_v``, such an
+    ``out``, fp16 ones without a fitting ``part_e`` or a ``part_e`` for others: ValueError."""
     bsz, num_heads, num_splits, d_v = part_o.shape
-    pairs = part_o.dtype == torch.bfloat16
-    if part_o.dtype not in (torch.float32, torch.bfloat16) or (pairs and d_v % 2):
-        raise ValueError(f"part_o must be float32, or bfloat16 with an even d_v; got "
+    pairs = part_o.dtype in (torch.bfloat16, torch.float16)
+    scaled = part_o.dtype == torch.float16
+    if part_o.dtype not in (torch.float32, torch.bfloat16, torch.float16) or (pairs and d_v % 2):
+        raise ValueError(f"part_o must be float32, or bfloat16 / float16 with an even d_v; got "
                          f"{part_o.dtype} with d_v={d_v}")
     if pairs and (out.stride(-1) != 1 or out.stride(0) % 2 or out.stride(1) % 2
                   or out.data_ptr() % 4):
-        raise ValueError("bf16 partials are combined into an out of whole 4-byte words: out "
+        raise ValueError("16-bit partials are combined into an out of whole 4-byte words: out "
                          f"must have even strides and a 4-byte aligned start, got strides "
                          f"{tuple(out.stride())}")
+    nch = 1
+    if scaled:
+        nch = part_e.shape[-1] if isinstance(part_e, torch.Tensor) and part_e.dim() == 4 else 0
+        if (nch < 1 or tuple(part_e.shape[:3]) != (bsz, num_heads, num_splits)
+                or part_e.dtype != torch.float32 or not part_e.is_contiguous()
+                or nch & (nch - 1) or d_v % nch or (d_v // nch) & (d_v // nch - 1) or (d_v // nch) % 2):
+            raise ValueError("float16 partials need part_e: a contiguous float32 [B, H, S, NCH] "
+                             "tensor of their exponents, NCH and d_v / NCH powers of two (d_v / NCH >= 2); got "
+                             f"{None if part_e is None else (tuple(part_e.shape), part_e.dtype)} "
+                             f"for part_o {tuple(part_o.shape)}")
+    elif part_e is not None:
+        raise ValueError(f"part_e is for float16 partials only (part_o is {part_o.dtype})")
     s_pad = triton.next_power_of_2(num_splits)
-    # every split's columns at once: at most _COMBINE_ELEMS 32-bit words a program
-    block_d = max(16, min(triton.next_power_of_2(d_v), (2 if pairs else 1) * _COMBINE_ELEMS // s_pad))
+    # every split's columns at once: at most _COMBINE_ELEMS 32-bit words a program (and, for
+    # scaled partials, within one of a row's NCH column ranges)
+    block_d = max(16, min(triton.next_power_of_2(d_v) // nch,
+                          (2 if pairs else 1) * _COMBINE_ELEMS // s_pad))
     _sparse_mla_decode_combine[(bsz * num_heads, triton.cdiv(d_v, block_d))](
         part_o.view(torch.int32) if pairs else part_o, part_lse,
+        part_e if scaled else part_lse,
         *((out.view(torch.int32), out.stride(0) // 2, out.stride(1) // 2) if pairs
           else (out, out.stride(0), out.stride(1))),
         lse, lse.stride(0),
         num_heads, num_splits,
-        D_V=d_v, S_PAD=s_pad, BLOCK_D=block_d, PAIRS=pairs,
+        D_V=d_v, S_PAD=s_pad, BLOCK_D=block_d, PAIRS=pairs, SCALED=scaled, NCH=nch,
         # as many warps as a row's 32-bit words fill (128 a warp), at most 4, so that the sum
         # over the splits stays within a thread: 4 warps laid the splits across warps, whose sum
         # through shared memory had 4-way bank conflicts (bf16 pairs at B32, 2 splits: 18.6 us

@@ -376,7 +376,7 @@ def _hand_row_sums(stat, l_safe, pv1_done, fin, t_begin, t_end):
 
 @gluon.jit
 def _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
-                 part_o_ptr, part_lse_ptr,
+                 part_o_ptr, part_lse_ptr, part_e_ptr,
                  b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
                  q_nope, q_rope, kv_nope, kv_rope, q_bar, ready, empty,
                  D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -435,21 +435,24 @@ def _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
     l_safe = gl.where(has, l_i, 1.0)
     # the stages (the loop's last barrier: both warpgroups' MMAs are done with them)
     _store_o(acc, l_safe, kv_nope, b, h0, H, split, num_splits, out_ptr, stride_ob, stride_oh,
-             part_o_ptr, 0, D_V, BLOCK_H, SPLIT, False, STAGED, o_l)
+             part_o_ptr, part_e_ptr, 0, D_V, BLOCK_H, SPLIT, False, STAGED, o_l)
     _store_lse(m_i + gl.log2(l_safe), has, b, h0, H, split, num_splits, lse_ptr, stride_lb,
                part_lse_ptr, BLOCK_H, SPLIT)
 
 
 @gluon.jit
 def _store_o(acc, l_safe, buf, b, h0, H, split, num_splits, out_ptr, stride_ob, stride_oh,
-             part_o_ptr, V0: gl.constexpr, D_V: gl.constexpr, BLOCK_H: gl.constexpr,
+             part_o_ptr, part_e_ptr, V0: gl.constexpr, D_V: gl.constexpr, BLOCK_H: gl.constexpr,
              SPLIT: gl.constexpr, TRANSPOSED: gl.constexpr, STAGED: gl.constexpr,
              o_l: gl.constexpr):
     """Stores output columns ``[V0, V0 + W)`` of a program's heads: ``acc`` float32 in ``o_l``
     (``[BLOCK_H, W]``; ``[W, BLOCK_H]`` ``TRANSPOSED``) divided by the row sums ``l_safe
-    [BLOCK_H]`` (any layout), as bf16 into ``out [B, H, D_V]`` or, for a split, as float32
-    partials ``[B, H, S, D_V]`` of ``part_o_ptr``'s dtype (float32 or bf16). ``STAGED`` (16-bit
-    values: the output, bf16 partials): through ``buf`` (shared
+    [BLOCK_H]`` (any layout), as bf16 into ``out [B, H, D_V]`` or, for a split, as partials
+    ``[B, H, S, D_V]`` of ``part_o_ptr``'s dtype (float32, bf16, or fp16: each head's ``W``
+    columns scaled by ``2^-e``, the power of two that puts their largest magnitude in
+    ``[2^14, 2^15)``, ``e`` (clamped to +-100) stored as a float at ``part_e [B, H, S, D_V / W]``,
+    so fp16 holds any finite values to 11 bits). ``STAGED`` (16-bit values: the output, 16-bit
+    partials): through ``buf`` (shared
     memory of at least ``BLOCK_H x W`` bf16 that no one reads or writes any more), so that
     every thread stores whole 16-byte vectors along a row (a warp 512 contiguous bytes) instead
     of the accumulator layout's 2 values (4 bytes, half a sector) in 8 rows."""
@@ -457,6 +460,15 @@ def _store_o(acc, l_safe, buf, b, h0, H, split, num_splits, out_ptr, stride_ob, 
     VA: gl.constexpr = 1 - HA                       # the V dims' axis
     W: gl.constexpr = acc.shape[VA]
     o = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(VA, o_l)), VA)
+    if SPLIT:
+        if part_o_ptr.dtype.element_ty == gl.float16:
+            # the exponent field of each head's largest |o|, less 14 (0 gives -100, clamped)
+            top = gl.max(gl.abs(o), axis=VA).to(gl.int32, bitcast=True)
+            e = gl.minimum(gl.maximum(((top >> 23) & 255) - 141, -100), 100)
+            o = o * gl.expand_dims(((127 - e) << 23).to(gl.float32, bitcast=True), VA)
+            offs_e = h0 + gl.arange(0, BLOCK_H, layout=e.type.layout)
+            gl.store(part_e_ptr + ((b * H + offs_e).to(gl.int64) * num_splits + split)
+                     * (D_V // W) + V0 // W, e.to(gl.float32), mask=offs_e < H)
     o = o.to(part_o_ptr.dtype.element_ty if SPLIT else gl.bfloat16)
     if STAGED:
         gl.static_assert(o.dtype.primitive_bitwidth == 16, "staged stores are of 16-bit values")
@@ -524,7 +536,7 @@ def _dequant_half(kn, kv_raw, kv_scale, s, ROW0: gl.constexpr, HALF: gl.constexp
 
 @gluon.jit
 def _consumer_a0(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
-                 part_o_ptr, part_lse_ptr,
+                 part_o_ptr, part_lse_ptr, part_e_ptr,
                  b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
                  q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, p_t, stat, q_bar, ready,
                  empty, deq1_done, p_ready, pv0_done, pv1_done, fin,
@@ -612,13 +624,13 @@ def _consumer_a0(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, str
     _hand_row_sums(stat, l_safe, pv1_done, fin, t_begin, t_end)
     # through the query block (only this warpgroup's score MMAs read it, and they are done)
     _store_o(acc, l_safe, q_nope, b, h0, H, split, num_splits, out_ptr, stride_ob, stride_oh,
-             part_o_ptr, 0, D_V, BLOCK_H, SPLIT, TRANSPOSED, STAGED, o_l)
+             part_o_ptr, part_e_ptr, 0, D_V, BLOCK_H, SPLIT, TRANSPOSED, STAGED, o_l)
     _store_lse(m_i + gl.log2(l_safe), has, b, h0, H, split, num_splits, lse_ptr, stride_lb,
                part_lse_ptr, BLOCK_H, SPLIT)
 
 
 @gluon.jit
-def _consumer_a1(out_ptr, stride_ob, stride_oh, part_o_ptr,
+def _consumer_a1(out_ptr, stride_ob, stride_oh, part_o_ptr, part_e_ptr,
                  b, h0, H, split, num_splits, t_begin, t_end,
                  kv_nope, kv_rope, kv_raw, kv_scale, p_t, stat, ready, empty,
                  deq1_done, p_ready, pv0_done, pv1_done, fin,
@@ -662,13 +674,14 @@ def _consumer_a1(out_ptr, stride_ob, stride_oh, part_o_ptr,
     mbarrier.wait(fin, 0)
     # through the bf16 tile: warpgroup 0 hands the row sums (fin) after its last PV MMA
     _store_o(acc, stat.load(gl.SliceLayout(0 if TRANSPOSED else 1, o_l)), kn, b, h0, H, split,
-             num_splits, out_ptr, stride_ob, stride_oh, part_o_ptr, D_V // 2, D_V, BLOCK_H,
+             num_splits, out_ptr, stride_ob, stride_oh, part_o_ptr, part_e_ptr, D_V // 2, D_V,
+             BLOCK_H,
              SPLIT, TRANSPOSED, STAGED, o_l)
 
 
 @gluon.jit
 def _consumer_t(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
-                part_o_ptr, part_lse_ptr,
+                part_o_ptr, part_lse_ptr, part_e_ptr,
                 b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
                 q_nope, q_rope, kv_nope, kv_rope, p_t, q_bar, ready, empty,
                 D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -734,14 +747,14 @@ def _consumer_t(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stri
     has = l_i > 0.0
     l_safe = gl.where(has, l_i, 1.0)
     _store_o(acc, l_safe, kv_nope, b, h0, H, split, num_splits, out_ptr, stride_ob, stride_oh,
-             part_o_ptr, 0, D_V, BLOCK_H, SPLIT, True, STAGED, o_l)
+             part_o_ptr, part_e_ptr, 0, D_V, BLOCK_H, SPLIT, True, STAGED, o_l)
     _store_lse(m_i + gl.log2(l_safe), has, b, h0, H, split, num_splits, lse_ptr, stride_lb,
                part_lse_ptr, BLOCK_H, SPLIT)
 
 
 @gluon.jit
 def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
-              part_o_ptr, part_lse_ptr,
+              part_o_ptr, part_lse_ptr, part_e_ptr,
               b, h0, H, split, num_splits, t_begin, t_end, lim, num_slots, qk_scale_log2,
               q_nope, q_rope, kv_nope, kv_rope, p_t, q_bar, ready, empty,
               D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -751,12 +764,14 @@ def _consumer(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride
     fewer heads, the transposed ones (:func:`_consumer_t`)."""
     if TRANSPOSED:
         _consumer_t(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
-                    part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
+                    part_o_ptr, part_lse_ptr, part_e_ptr, b, h0, H, split, num_splits, t_begin,
+                    t_end, lim,
                     num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, p_t, q_bar,
                     ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, STAGED)
     else:
         _consumer_64(idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
-                     part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end, lim,
+                     part_o_ptr, part_lse_ptr, part_e_ptr, b, h0, H, split, num_splits, t_begin,
+                     t_end, lim,
                      num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope, q_bar, ready,
                      empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT, STAGED)
 
@@ -773,6 +788,7 @@ def _sparse_mla_decode_ws_fwd(
         part_o_ptr, part_lse_ptr,             # [B, H, S, D_V] / [B, H, S] fp32 (SPLIT)
         H, K, num_slots, num_splits, tiles_per_split, num_head_blocks,
         qk_scale_log2,
+        part_e_ptr,                           # [B, H, S, NCH] fp32 (SPLIT, fp16 partials)
         D_V: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
         STAGES: gl.constexpr, ROWS: gl.constexpr, SPLIT: gl.constexpr,
         PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
@@ -828,7 +844,8 @@ def _sparse_mla_decode_ws_fwd(
             mbarrier.init(hand.index(j), count=1)
         gl.warp_specialize([
             (_consumer_a0, (idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr,
-                            stride_lb, part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits,
+                            stride_lb, part_o_ptr, part_lse_ptr, part_e_ptr, b, h0, H, split,
+                            num_splits,
                             t_begin, t_end, lim, num_slots, qk_scale_log2, q_nope, q_rope,
                             kv_nope, kv_rope, kv_raw, kv_scale, p_t, stat, q_bar, ready, empty,
                             hand.index(0), hand.index(1), hand.index(2), hand.index(3),
@@ -840,7 +857,7 @@ def _sparse_mla_decode_ws_fwd(
                          q_nope, q_rope, kv_nope, kv_rope, kv_raw, kv_scale, ids, q_bar,
                          ready, empty, D_V, D_ROPE, BLOCK_H, BLOCK_N, ROWS, STAGES,
                          PRODUCER_WARPS, IS_FP8, RAW_LAYOUT, SCALE_LAYOUT, Q_EARLY)),
-            (_consumer_a1, (out_ptr, stride_ob, stride_oh, part_o_ptr,
+            (_consumer_a1, (out_ptr, stride_ob, stride_oh, part_o_ptr, part_e_ptr,
                             b, h0, H, split, num_splits, t_begin, t_end,
                             kv_nope, kv_rope, kv_raw, kv_scale, p_t, stat, ready, empty,
                             hand.index(0), hand.index(1), hand.index(2), hand.index(3),
@@ -850,7 +867,8 @@ def _sparse_mla_decode_ws_fwd(
     else:
         gl.warp_specialize([
             (_consumer, (idx_ptr, stride_ib, out_ptr, stride_ob, stride_oh, lse_ptr, stride_lb,
-                         part_o_ptr, part_lse_ptr, b, h0, H, split, num_splits, t_begin, t_end,
+                         part_o_ptr, part_lse_ptr, part_e_ptr, b, h0, H, split, num_splits,
+                         t_begin, t_end,
                          lim, num_slots, qk_scale_log2, q_nope, q_rope, kv_nope, kv_rope,
                          p_t, q_bar, ready, empty, D_V, BLOCK_H, BLOCK_N, STAGES, SPLIT,
                          TRANSPOSED, STAGED)),
@@ -977,14 +995,20 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
     if num_splits == 0:
         return out, lse, info
     num_head_blocks = -(-num_heads // block_h)
+    # fp16 partials' exponents: a head's stored column range a split (the fp8 consumers each
+    # store half of the V dims)
+    part_e = (torch.empty((*part_lse.shape, 2 if kind == "fp8_ds_mla" else 1),
+                          dtype=torch.float32, device=q.device)
+              if num_splits > 1 and part_dtype == torch.float16 else None)
     kernel = _sparse_mla_decode_ws_fwd[(bsz * num_splits * num_head_blocks,)](
         *kernel_args(q, kv_cache, kind, indices, sm_scale, d_v, plan, num_head_blocks),
+        part_e_ptr=part_lse if part_e is None else part_e,
         **_constexprs(kind, d_v, d_qk - d_v, stages, num_splits > 1, block_h,
-                      split_partials == "bfloat16"),
+                      part_dtype.itemsize == 2),
         num_warps=4 if kind == "fp8_ds_mla" else 8, maxnreg=_MAXNREG,
     )
     if num_splits > 1:
-        combine_splits(part_o, part_lse, out, lse)
+        combine_splits(part_o, part_lse, out, lse, part_e)
     n_regs, n_spills = getattr(kernel, "n_regs", None), getattr(kernel, "n_spills", None)
     return out, lse, replace(info, n_regs=None if n_regs is None else int(n_regs),
                              n_spills=None if n_spills is None else int(n_spills),
@@ -992,7 +1016,7 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
 
 
 def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
-                block_h: int = WS_BLOCK_H, bf16_partials: bool = False) -> dict:
+                block_h: int = WS_BLOCK_H, half_partials: bool = False) -> dict:
     """The kernel's compile-time arguments for KV rows of ``kind``: the fp8 layouts cover a
     row's ``d_v / 128`` scale groups of 128 bytes with 16-byte vectors (producer: 4 warps, a
     token's groups a warp; consumers' dequantization: a warpgroup, 8 tokens x 64 bytes a warp). The
@@ -1014,7 +1038,7 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
                 SCALE_LAYOUT=gl.BlockedLayout([1, 1], [32 // tpw_g, tpw_g],
                                               [_PRODUCER_WARPS, 1], [1, 0]),
                 DEQ_ROWS=_DEQ_ROWS, DEQ_BF16=_DEQ_BF16, A1_REGS=_A1_REGS, Q_EARLY=_Q_EARLY,
-                STAGED=_STAGED_STORE and (not split or bf16_partials),
+                STAGED=_STAGED_STORE and (not split or half_partials),
                 DEQ_LAYOUT=gl.BlockedLayout([1, 1, 16], [8, 1, 4], [2, 1, 2], [2, 0, 1]),
                 RAW_SMEM=gl.SwizzledSharedLayout(16, 1, 8, [2, 0, 1]),
                 SCALE_SMEM=gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
@@ -1029,12 +1053,12 @@ def compile_for_sm90(kind: str = "bf16", *, d_v: int = 512, d_rope: int = 64, st
     the divisibility Triton specialises for contiguous DeepSeek-V3.2-sized tensors. For
     inspecting what the compiler makes of it, not for running it."""
     from backends.kernels.compile_target import compile_for_target
-    const = _constexprs(kind, d_v, d_rope, stages, split, block_h, split_partials == "bfloat16")
+    const = _constexprs(kind, d_v, d_rope, stages, split, block_h, split_partials != "float32")
     fp8 = kind == "fp8_ds_mla"
     ptrs = dict(q_ptr="*bf16", kv_ptr="*u8" if fp8 else "*bf16",
                 scale_ptr="*fp32" if fp8 else "*bf16", rope_ptr="*bf16", idx_ptr="*i32",
-                out_ptr="*bf16", lse_ptr="*fp32", part_lse_ptr="*fp32",
-                part_o_ptr="*bf16" if split_partials == "bfloat16" else "*fp32")
+                out_ptr="*bf16", lse_ptr="*fp32", part_lse_ptr="*fp32", part_e_ptr="*fp32",
+                part_o_ptr={"bfloat16": "*bf16", "float16": "*fp16"}.get(split_partials, "*fp32"))
     div16 = {"stride_qb", "stride_qh", "stride_kv", "stride_ib", "stride_ob", "stride_oh",
              "stride_lb", "H", "K"} | (set() if fp8 else {"stride_rope"})
     return compile_for_target(_sparse_mla_decode_ws_fwd, const, ptrs, div16,

@@ -103,7 +103,8 @@ ALL = tuple(KV_DTYPES)
 FP8 = ("fp8_ds_mla",)
 #: the warp-specialised Gluon kernel (backends/kernels/sparse_mla_decode_ws.py: Hopper)
 _WS = (("ws", {"kernel": "ws"}, ALL),
-       ("ws_bf16p", {"kernel": "ws", "split_partials": "bfloat16"}, ALL))
+       ("ws_bf16p", {"kernel": "ws", "split_partials": "bfloat16"}, ALL),
+       ("ws_f16p", {"kernel": "ws", "split_partials": "float16"}, ALL))
 
 
 @dataclass(frozen=True)
