@@ -349,9 +349,8 @@ def _sparse_mla_decode_combine(
     words), so that loads, sums and stores keep the float32 partials' layout (loaded as bf16,
     Triton laid them out 8 a thread and moved them to the sum's layout through shared memory;
     BENCHMARKS 6w). ``SCALED``: the pairs are fp16, each row's ``NCH`` column ranges of a split
-    stored divided by ``2^e`` (``e`` in ``part_e``, a float); a program's ``BLOCK_D`` columns lie
-    in one range, whose ``2^e`` of each split joins that split's weight in the sum (not in the
-    sum of weights)."""
+    stored divided by ``2^e`` (``e`` in ``part_e``, a float); each word's range's ``2^e`` joins
+    its split's weight in the sum (not in the sum of weights)."""
     pid = tl.program_id(0)                  # = b * H + h
     b = pid // H
     h = pid % H
@@ -372,17 +371,20 @@ def _sparse_mla_decode_combine(
         word = tl.load(part_o_ptr + (base + offs_s)[:, None] * (D_V // 2) + offs_p[None, :],
                        mask=s_ok[:, None] & p_ok[None, :], other=0)
         if SCALED:
-            chunk = (tl.program_id(1) * BLOCK_D) // (D_V // NCH)
-            e = tl.load(part_e_ptr + (base + offs_s) * NCH + chunk, mask=s_ok, other=0.0)
-            w_o = w * tl.exp2(e)
+            # each word's column range; its split's weight times that range's 2^e
+            rng = (offs_p * 2) // (D_V // NCH)
+            w_o = tl.zeros([S_PAD, BLOCK_D // 2], dtype=tl.float32)
+            for j in tl.static_range(NCH):
+                e_j = tl.load(part_e_ptr + (base + offs_s) * NCH + j, mask=s_ok, other=0.0)
+                w_o = tl.where(rng[None, :] == j, (w * tl.exp2(e_j))[:, None], w_o)
             lo = word.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
             hi = (word >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
         else:
-            w_o = w
+            w_o = w[:, None]
             lo = (word << 16).to(tl.float32, bitcast=True)
             hi = (word & -65536).to(tl.float32, bitcast=True)
-        even = tl.sum(w_o[:, None] * lo, 0) / denom
-        odd = tl.sum(w_o[:, None] * hi, 0) / denom
+        even = tl.sum(w_o * lo, 0) / denom
+        odd = tl.sum(w_o * hi, 0) / denom
         # rounded to bf16 and packed two to a word again, in the layout they were summed in
         even = even.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 65535
         odd = odd.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32)
@@ -707,7 +709,7 @@ def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
     float32), contiguous, into ``out [B, H, d_v]`` bf16 and ``lse [B, H]`` fp32 (``+inf`` and 0
     where every split is empty). fp16 partials (the ws kernel's ``split_partials="float16"``)
     need ``part_e [B, H, S, NCH]`` float32: split ``s``'s columns ``[j, j + 1) * d_v / NCH`` of a
-    row hold ``o / 2^part_e[..., s, j]`` (NCH a power of two); no ``part_e`` otherwise. Measured on the
+    row hold ``o / 2^part_e[..., s, j]`` (``d_v / NCH`` even); no ``part_e`` otherwise. Measured on the
     H200 (BENCHMARKS 6q, fp8_ds_mla rows, H128 top_k 2048): the combine alone 9.0 / 7.8 / 10.3 /
     9.8 us at B1 / 2 / 4 / 8 against 13.5 / 9.8 / 11.6 / 10.3 with a loop over the splits, the
     decodes 0.9-1.4 us faster at B4 and B8; launched as a programmatic dependent of the decode
@@ -737,18 +739,16 @@ def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
         nch = part_e.shape[-1] if isinstance(part_e, torch.Tensor) and part_e.dim() == 4 else 0
         if (nch < 1 or tuple(part_e.shape[:3]) != (bsz, num_heads, num_splits)
                 or part_e.dtype != torch.float32 or not part_e.is_contiguous()
-                or nch & (nch - 1) or d_v % nch or (d_v // nch) & (d_v // nch - 1) or (d_v // nch) % 2):
+                or d_v % (2 * nch)):
             raise ValueError("float16 partials need part_e: a contiguous float32 [B, H, S, NCH] "
-                             "tensor of their exponents, NCH and d_v / NCH powers of two (d_v / NCH >= 2); got "
+                             "tensor of their exponents, d_v a multiple of 2 * NCH; got "
                              f"{None if part_e is None else (tuple(part_e.shape), part_e.dtype)} "
                              f"for part_o {tuple(part_o.shape)}")
     elif part_e is not None:
         raise ValueError(f"part_e is for float16 partials only (part_o is {part_o.dtype})")
     s_pad = triton.next_power_of_2(num_splits)
-    # every split's columns at once: at most _COMBINE_ELEMS 32-bit words a program (and, for
-    # scaled partials, within one of a row's NCH column ranges)
-    block_d = max(16, min(triton.next_power_of_2(d_v) // nch,
-                          (2 if pairs else 1) * _COMBINE_ELEMS // s_pad))
+    # every split's columns at once: at most _COMBINE_ELEMS 32-bit words a program
+    block_d = max(16, min(triton.next_power_of_2(d_v), (2 if pairs else 1) * _COMBINE_ELEMS // s_pad))
     _sparse_mla_decode_combine[(bsz * num_heads, triton.cdiv(d_v, block_d))](
         part_o.view(torch.int32) if pairs else part_o, part_lse,
         part_e if scaled else part_lse,
