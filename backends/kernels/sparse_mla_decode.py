@@ -339,7 +339,7 @@ def _sparse_mla_decode_combine(
     lse_ptr, stride_lb,                     # lse [B, H] fp32
     H, num_splits,
     D_V: tl.constexpr, S_PAD: tl.constexpr, BLOCK_D: tl.constexpr, PAIRS: tl.constexpr,
-    SCALED: tl.constexpr, NCH: tl.constexpr,
+    SCALED: tl.constexpr, NCH: tl.constexpr, SUB_D: tl.constexpr,
 ):
     """One program per (batch row x head, ``BLOCK_D`` columns of V): every split's partial of
     those columns loaded at once (``[S_PAD, BLOCK_D]``), weighted by ``exp(lse_s - max)``.
@@ -349,8 +349,9 @@ def _sparse_mla_decode_combine(
     words), so that loads, sums and stores keep the float32 partials' layout (loaded as bf16,
     Triton laid them out 8 a thread and moved them to the sum's layout through shared memory;
     BENCHMARKS 6w). ``SCALED``: the pairs are fp16, each row's ``NCH`` column ranges of a split
-    stored divided by ``2^e`` (``e`` in ``part_e``, a float); each word's range's ``2^e`` joins
-    its split's weight in the sum (not in the sum of weights)."""
+    stored divided by ``2^e`` (``e`` in ``part_e``, a float); a program sums ``SUB_D`` columns
+    (a power of two dividing the range) at a time, whose range's ``2^e`` of each split joins
+    that split's weight (not the sum of weights)."""
     pid = tl.program_id(0)                  # = b * H + h
     b = pid // H
     h = pid % H
@@ -366,29 +367,29 @@ def _sparse_mla_decode_combine(
     denom = tl.where(has, total, 1.0)
     o_row = out_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
     if PAIRS:
-        offs_p = tl.program_id(1) * (BLOCK_D // 2) + tl.arange(0, BLOCK_D // 2)
-        p_ok = offs_p < D_V // 2
-        word = tl.load(part_o_ptr + (base + offs_s)[:, None] * (D_V // 2) + offs_p[None, :],
-                       mask=s_ok[:, None] & p_ok[None, :], other=0)
-        if SCALED:
-            # each word's column range; its split's weight times that range's 2^e
-            rng = (offs_p * 2) // (D_V // NCH)
-            w_o = tl.zeros([S_PAD, BLOCK_D // 2], dtype=tl.float32)
-            for j in tl.static_range(NCH):
-                e_j = tl.load(part_e_ptr + (base + offs_s) * NCH + j, mask=s_ok, other=0.0)
-                w_o = tl.where(rng[None, :] == j, (w * tl.exp2(e_j))[:, None], w_o)
-            lo = word.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-            hi = (word >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-        else:
-            w_o = w[:, None]
-            lo = (word << 16).to(tl.float32, bitcast=True)
-            hi = (word & -65536).to(tl.float32, bitcast=True)
-        even = tl.sum(w_o * lo, 0) / denom
-        odd = tl.sum(w_o * hi, 0) / denom
-        # rounded to bf16 and packed two to a word again, in the layout they were summed in
-        even = even.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 65535
-        odd = odd.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32)
-        tl.store(o_row + offs_p, even | (odd << 16), mask=p_ok)
+        # SUB_D columns at a time (all of BLOCK_D but for scaled partials: within one range)
+        for j in tl.static_range(BLOCK_D // SUB_D):
+            c0 = tl.program_id(1) * BLOCK_D + j * SUB_D
+            offs_p = c0 // 2 + tl.arange(0, SUB_D // 2)
+            p_ok = offs_p < D_V // 2
+            word = tl.load(part_o_ptr + (base + offs_s)[:, None] * (D_V // 2) + offs_p[None, :],
+                           mask=s_ok[:, None] & p_ok[None, :], other=0)
+            if SCALED:
+                rng = tl.minimum(c0, D_V - 1) // (D_V // NCH)     # (a tail past D_V: masked)
+                e = tl.load(part_e_ptr + (base + offs_s) * NCH + rng, mask=s_ok, other=0.0)
+                w_o = w * tl.exp2(e)
+                lo = word.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+                hi = (word >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+            else:
+                w_o = w
+                lo = (word << 16).to(tl.float32, bitcast=True)
+                hi = (word & -65536).to(tl.float32, bitcast=True)
+            even = tl.sum(w_o[:, None] * lo, 0) / denom
+            odd = tl.sum(w_o[:, None] * hi, 0) / denom
+            # rounded to bf16 and packed two to a word again, in the layout they were summed in
+            even = even.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 65535
+            odd = odd.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32)
+            tl.store(o_row + offs_p, even | (odd << 16), mask=p_ok)
     else:
         offs_v = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
         o = tl.load(part_o_ptr + (base + offs_s)[:, None] * D_V + offs_v[None, :],
@@ -757,6 +758,8 @@ def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
         lse, lse.stride(0),
         num_heads, num_splits,
         D_V=d_v, S_PAD=s_pad, BLOCK_D=block_d, PAIRS=pairs, SCALED=scaled, NCH=nch,
+        # scaled: a power of two of columns that divides the range (d_v / NCH) and block_d
+        SUB_D=min(block_d, (d_v // nch) & -(d_v // nch)) if scaled else block_d,
         # as many warps as a row's 32-bit words fill (128 a warp), at most 4, so that the sum
         # over the splits stays within a thread: 4 warps laid the splits across warps, whose sum
         # through shared memory had 4-way bank conflicts (bf16 pairs at B32, 2 splits: 18.6 us
