@@ -10,6 +10,5 @@ timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_sparse_ml
 echo "gpu tests rc=$? s=$SECONDS"; grep -E "^FAILED|^ERROR|passed|failed|^E  " $OUT/gpu_tests.txt | tail -12
 S=$SECONDS
 timeout 330 python3 results/h200-2026-12-04j/scripts/ws_ab48.py 2 > $OUT/ws_ab48.txt 2>&1
-echo "ab rc=$? s=$((SECONDS-S))"; grep -v " eager " $OUT/ws_ab48.txt | tail -60
-grep " eager " $OUT/ws_ab48.txt | awk '{print $1, $2, $3, $4, $5, $6, $11, $12}' | tail -60
+echo "ab rc=$? s=$((SECONDS-S))"; sed -n '/^summary/,$p' $OUT/ws_ab48.txt; grep -c BAD $OUT/ws_ab48.txt; tail -3 $OUT/ws_ab48.txt
 echo "total s=$SECONDS"

@@ -70,3 +70,18 @@ for row in sorted(rows, key=lambda x: (x[0], x[1], x[3], x[2])):
     ref = sorted(fm[(row[0], row[1], row[3])])[len(fm[(row[0], row[1], row[3])]) // 2]
     print(f"{row[0]:10} {row[1]:>3} {row[2]:10} {row[3]:6} {row[4]:9.1f} {row[5]:7.1f} "
           f"{row[6]:7.1f} {row[7]:8.2e} {row[8]:8.1e} {row[9]:5} {row[4] / ref:6.3f}")
+# summary: our time / FlashMLA's (its median over the rounds), each round, per mode
+print("\nsummary: ratio per round (µs of round 1)")
+
+names = [f"{p[:4]} e{e}" for p, e in CASES]
+print(f"{'kv':10} {'B':>3} {'mode':6} " + " ".join(f"{n:>16}" for n in names))
+for kv, b in probs:
+    for mode in ("graph", "eager"):
+        fl = fm[(kv, b, mode)]
+        ref = sorted(fl)[len(fl) // 2]
+        cells = []
+        for n in names:
+            ts = [row[4] for row in rows if row[:4] == (kv, b, n, mode)]
+            bad = any(row[9] != "ok" for row in rows if row[:4] == (kv, b, n, mode))
+            cells.append(("BAD " if bad else "") + "/".join(f"{t / ref:.3f}" for t in ts) + f" {ts[0]:.1f}")
+        print(f"{kv:10} {b:>3} {mode:6} " + " ".join(f"{c:>16}" for c in cells))
