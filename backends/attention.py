@@ -1,13 +1,12 @@
 """The attention-kernel switch shared by every backend
-(``attention_kernel=triton|triton_ws|triton_ws_bf16p|triton_ws_f16p|flashmla``).
+(``attention_kernel=triton|triton_ws|triton_ws_f32p|triton_ws_bf16p|flashmla``).
 
 Upstream, both engines end in FlashMLA's sparse decode on a table of device slots, so one
 switch covers both backends: ``triton`` is this project's ``sparse_mla_decode``, ``triton_ws``
-its warp-specialised Gluon kernel (Hopper; ``sparse_mla_decode(kernel="ws")``),
-``triton_ws_bf16p`` / ``triton_ws_f16p`` the same kernel with bf16 / scaled fp16 split
-partials (``split_partials="bfloat16"`` / ``"float16"``: faster split calls, i.e. small
-batches; bf16 ones for a slightly larger error, fp16 ones for about the float32 partials'
-error; BENCHMARKS 6w, 6x),
+its warp-specialised Gluon kernel (Hopper; ``sparse_mla_decode(kernel="ws")``, whose split
+calls, i.e. small batches, write scaled fp16 partials), ``triton_ws_f32p`` / ``triton_ws_bf16p``
+the same kernel with float32 (FlashMLA's) / bf16 split partials (``split_partials=
+"float32"`` / ``"bfloat16"``: BENCHMARKS 6w, 6x),
 ``flashmla`` the upstream kernels (optional extra) behind the same signature.
 """
 from __future__ import annotations
@@ -21,11 +20,11 @@ from backends.base import BackendInvalid, BackendUnavailable
 
 AttentionFn = Callable[..., Tuple[torch.Tensor, torch.Tensor]]
 #: ``attention_kernel``: ours (Triton, or the warp-specialised Gluon kernel with float32 or
-#: 16-bit split partials), or FlashMLA's (optional extra)
-ATTENTION_KERNELS = ("triton", "triton_ws", "triton_ws_bf16p", "triton_ws_f16p", "flashmla")
+#: the split partials it names), or FlashMLA's (optional extra)
+ATTENTION_KERNELS = ("triton", "triton_ws", "triton_ws_f32p", "triton_ws_bf16p", "flashmla")
 #: the warp-specialised kernel's names and their ``split_partials``
-_WS_PARTIALS = {"triton_ws": "float32", "triton_ws_bf16p": "bfloat16",
-                "triton_ws_f16p": "float16"}
+_WS_PARTIALS = {"triton_ws": "float16", "triton_ws_f32p": "float32",
+                "triton_ws_bf16p": "bfloat16"}
 
 
 def heads_computed(name: str, num_heads: int, kv_dtype: str) -> int:

@@ -339,7 +339,7 @@ def _sparse_mla_decode_combine(
     lse_ptr, stride_lb,                     # lse [B, H] fp32
     H, num_splits,
     D_V: tl.constexpr, S_PAD: tl.constexpr, BLOCK_D: tl.constexpr, PAIRS: tl.constexpr,
-    SCALED: tl.constexpr, NCH: tl.constexpr, SUB_D: tl.constexpr,
+    SCALED: tl.constexpr, NCH: tl.constexpr,
 ):
     """One program per (batch row x head, ``BLOCK_D`` columns of V): every split's partial of
     those columns loaded at once (``[S_PAD, BLOCK_D]``), weighted by ``exp(lse_s - max)``.
@@ -349,9 +349,10 @@ def _sparse_mla_decode_combine(
     words), so that loads, sums and stores keep the float32 partials' layout (loaded as bf16,
     Triton laid them out 8 a thread and moved them to the sum's layout through shared memory;
     BENCHMARKS 6w). ``SCALED``: the pairs are fp16, each row's ``NCH`` column ranges of a split
-    stored divided by ``2^e`` (``e`` in ``part_e``, a float); a program sums ``SUB_D`` columns
-    (a power of two dividing the range) at a time, whose range's ``2^e`` of each split joins
-    that split's weight (not the sum of weights)."""
+    stored divided by ``2^e`` (``e`` in ``part_e``, a float), which joins the split's weight in
+    the sum (not the sum of weights): one a split where the program's columns lie in one range,
+    else one a word (summed a range at a time, the ranges' loads and stores were serialised:
+    B8-B32 up to 10 us slower, BENCHMARKS 6x)."""
     pid = tl.program_id(0)                  # = b * H + h
     b = pid // H
     h = pid % H
@@ -367,29 +368,35 @@ def _sparse_mla_decode_combine(
     denom = tl.where(has, total, 1.0)
     o_row = out_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
     if PAIRS:
-        # SUB_D columns at a time (all of BLOCK_D but for scaled partials: within one range)
-        for j in tl.static_range(BLOCK_D // SUB_D):
-            c0 = tl.program_id(1) * BLOCK_D + j * SUB_D
-            offs_p = c0 // 2 + tl.arange(0, SUB_D // 2)
-            p_ok = offs_p < D_V // 2
-            word = tl.load(part_o_ptr + (base + offs_s)[:, None] * (D_V // 2) + offs_p[None, :],
-                           mask=s_ok[:, None] & p_ok[None, :], other=0)
-            if SCALED:
-                rng = tl.minimum(c0, D_V - 1) // (D_V // NCH)     # (a tail past D_V: masked)
+        offs_p = tl.program_id(1) * (BLOCK_D // 2) + tl.arange(0, BLOCK_D // 2)
+        p_ok = offs_p < D_V // 2
+        word = tl.load(part_o_ptr + (base + offs_s)[:, None] * (D_V // 2) + offs_p[None, :],
+                       mask=s_ok[:, None] & p_ok[None, :], other=0)
+        if SCALED:
+            lo = word.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+            hi = (word >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+            if (D_V // NCH) % BLOCK_D == 0:
+                # the program's columns lie in one range: its 2^e a split
+                rng = tl.minimum(tl.program_id(1) * BLOCK_D, D_V - 1) // (D_V // NCH)
                 e = tl.load(part_e_ptr + (base + offs_s) * NCH + rng, mask=s_ok, other=0.0)
-                w_o = w * tl.exp2(e)
-                lo = word.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-                hi = (word >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+                w_o = (w * tl.exp2(e))[:, None]
             else:
-                w_o = w
-                lo = (word << 16).to(tl.float32, bitcast=True)
-                hi = (word & -65536).to(tl.float32, bitcast=True)
-            even = tl.sum(w_o[:, None] * lo, 0) / denom
-            odd = tl.sum(w_o[:, None] * hi, 0) / denom
-            # rounded to bf16 and packed two to a word again, in the layout they were summed in
-            even = even.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 65535
-            odd = odd.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32)
-            tl.store(o_row + offs_p, even | (odd << 16), mask=p_ok)
+                # a weight a word: its range's 2^e a split
+                rng = (offs_p * 2) // (D_V // NCH)
+                w_o = tl.zeros([S_PAD, BLOCK_D // 2], dtype=tl.float32)
+                for j in tl.static_range(NCH):
+                    e_j = tl.load(part_e_ptr + (base + offs_s) * NCH + j, mask=s_ok, other=0.0)
+                    w_o = tl.where(rng[None, :] == j, (w * tl.exp2(e_j))[:, None], w_o)
+        else:
+            w_o = w[:, None]
+            lo = (word << 16).to(tl.float32, bitcast=True)
+            hi = (word & -65536).to(tl.float32, bitcast=True)
+        even = tl.sum(w_o * lo, 0) / denom
+        odd = tl.sum(w_o * hi, 0) / denom
+        # rounded to bf16 and packed two to a word again, in the layout they were summed in
+        even = even.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 65535
+        odd = odd.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32)
+        tl.store(o_row + offs_p, even | (odd << 16), mask=p_ok)
     else:
         offs_v = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
         o = tl.load(part_o_ptr + (base + offs_s)[:, None] * D_V + offs_v[None, :],
@@ -484,8 +491,8 @@ class LaunchInfo:
     kernel) or ``"ws"`` (the warp-specialised Gluon kernel of
     :mod:`backends.kernels.sparse_mla_decode_ws`: 64-head, 64-token tiles, 8 consumer warps
     and a producer warpgroup; ``prefetch`` is ``"producer"`` there). ``split_partials`` is
-    the dtype asked for a split call's partials (``"float32"``, or ``"bfloat16"`` for the ws
-    kernel; none are written with one split).
+    the dtype of a split call's partials (``"float32"``; the ws kernel's default
+    ``"float16"``, or ``"bfloat16"``; none are written with one split).
     """
 
     block_h: int
@@ -688,6 +695,9 @@ def plan_splits(q: torch.Tensor, top_k: int, num_slots: int, d_v: int, block_h: 
 
 #: ``split_partials``: the dtype of a split call's partials, by name
 SPLIT_PARTIALS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: the warp-specialised kernel's default ``split_partials``: scaled fp16, the float32 partials'
+#: error at the 16-bit partials' bytes (BENCHMARKS 6x)
+WS_SPLIT_PARTIALS = "float16"
 
 
 def split_partials_dtype(split_partials) -> torch.dtype:
@@ -698,9 +708,11 @@ def split_partials_dtype(split_partials) -> torch.dtype:
                          f"{split_partials!r}")
     return SPLIT_PARTIALS[split_partials]
 
-#: 32-bit words of partials one combine program loads at once (32 a thread at 4 warps): float32
-#: values, or pairs of bf16 ones
-_COMBINE_ELEMS = 4096
+#: 32-bit words of partials one combine program loads at once: float32 values, or pairs of
+#: 16-bit ones. H200, fp8_ds_mla H128 top_k 2048 (BENCHMARKS 6x, j3): 2048 against 4096, bf16
+#: pairs B4 0.87 of FlashMLA's time against 0.91-0.93 (graph), B1 0.70 against 0.72, B2-B32
+#: unchanged; float32 partials unchanged at B1-B16 (its programs hold 2048 / S columns)
+_COMBINE_ELEMS = 2048
 
 
 def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor,
@@ -758,8 +770,6 @@ def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tens
         lse, lse.stride(0),
         num_heads, num_splits,
         D_V=d_v, S_PAD=s_pad, BLOCK_D=block_d, PAIRS=pairs, SCALED=scaled, NCH=nch,
-        # scaled: a power of two of columns that divides the range (d_v / NCH) and block_d
-        SUB_D=min(block_d, (d_v // nch) & -(d_v // nch)) if scaled else block_d,
         # as many warps as a row's 32-bit words fill (128 a warp), at most 4, so that the sum
         # over the splits stays within a thread: 4 warps laid the splits across warps, whose sum
         # through shared memory had 4-way bank conflicts (bf16 pairs at B32, 2 splits: 18.6 us
@@ -841,7 +851,7 @@ def sparse_mla_decode_with_info(
         mma_dtype: Optional[torch.dtype] = None,
         num_sms: Optional[int] = None,
         kernel: str = "triton",
-        split_partials: str = "float32") -> Tuple[torch.Tensor, torch.Tensor, LaunchInfo]:
+        split_partials: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor, LaunchInfo]:
     """Sparse MQA decode over top-k gathered KV rows (Triton, flash-decoding).
 
     Args:
@@ -891,10 +901,14 @@ def sparse_mla_decode_with_info(
             ``ws_supported``), which takes ``num_stages`` (default: the most that fit, at
             most 3), ``num_splits`` and ``split_partials`` only: the other launch options
             must keep their defaults.
-        split_partials: dtype of a split call's per-split partials, ``"float32"`` (FlashMLA's;
-            the default) or, with ``kernel="ws"`` only, ``"bfloat16"``: half the bytes the
-            decode writes and the combine reads, for 1.02-1.05x the float32 partials' error
-            with fp8_ds_mla rows and 1.25-1.29x with bf16 rows (H200, BENCHMARKS 6w).
+        split_partials: dtype of a split call's per-split partials: ``"float32"`` (FlashMLA's;
+            the only one of ``kernel="triton"``, its default) or, with ``kernel="ws"``,
+            ``"float16"`` (its default: each head's stored column range scaled by a power of
+            two, so any finite values keep 11 bits; the float32 partials' error within 0.5 %)
+            or ``"bfloat16"`` (1.02-1.05x the float32 partials' error with fp8_ds_mla rows,
+            1.25-1.29x with bf16 rows, BENCHMARKS 6w): either 16-bit kind halves the bytes the
+            decode writes and the combine reads (H200, fp8_ds_mla H128 top_k 2048: BENCHMARKS
+            6x).
 
     Returns:
         ``out [B, H, d_v]`` torch.bfloat16 and ``lse [B, H]`` torch.float32 (natural log of
@@ -902,7 +916,8 @@ def sparse_mla_decode_with_info(
         with no valid index), both contiguous on ``q``'s device, and the :class:`LaunchInfo`
         of the call.
     """
-    split_partials_dtype(split_partials)
+    if split_partials is not None:
+        split_partials_dtype(split_partials)
     if kernel == "ws":
         fixed = dict(block_h=(block_h, None), block_n=(block_n, 64), num_warps=(num_warps, 8),
                      prefetch=(prefetch, None), split_scores=(split_scores, None),
@@ -913,11 +928,11 @@ def sparse_mla_decode_with_info(
                                  "takes num_stages and num_splits only)")
         from backends.kernels.sparse_mla_decode_ws import sparse_mla_decode_ws
         return sparse_mla_decode_ws(q, kv_cache, indices, sm_scale, d_v,
-                                    num_splits=num_splits, stages=num_stages,
-                                    num_sms=num_sms, split_partials=split_partials)
+                                    num_splits=num_splits, stages=num_stages, num_sms=num_sms,
+                                    split_partials=split_partials or WS_SPLIT_PARTIALS)
     if kernel != "triton":
         raise ValueError(f"kernel must be 'triton' or 'ws', got {kernel!r}")
-    if split_partials != "float32":
+    if split_partials not in (None, "float32"):
         raise ValueError(f"split_partials={split_partials!r} applies to kernel='ws' only (this "
                          "kernel's partials are float32)")
     kind, sm_scale = check_decode_inputs(q, kv_cache, indices, sm_scale, d_v)

@@ -80,8 +80,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma, warpgroup_mma_wait)
 
 from backends.kernels.kv_format import fp8_ds_mla_offsets
-from backends.kernels.sparse_mla_decode import (LaunchInfo, check_decode_inputs, combine_splits,
-                                                kernel_args, plan_splits, split_partials_dtype)
+from backends.kernels.sparse_mla_decode import (WS_SPLIT_PARTIALS, LaunchInfo,
+                                                check_decode_inputs, combine_splits, kernel_args,
+                                                plan_splits, split_partials_dtype)
 
 __all__ = ["sparse_mla_decode_ws", "ws_supported", "shared_memory_bytes", "compile_for_sm90",
            "WS_BLOCK_H", "WS_BLOCK_N"]
@@ -940,7 +941,7 @@ def shared_memory_bytes(kind: str, d_v: int, stages: int, block_h: int = WS_BLOC
 def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor,
                          sm_scale: float, d_v: int = 512, *, num_splits: Optional[int] = None,
                          stages: Optional[int] = None, num_sms: Optional[int] = None,
-                         split_partials: str = "float32"
+                         split_partials: str = WS_SPLIT_PARTIALS
                          ) -> Tuple[torch.Tensor, torch.Tensor, LaunchInfo]:
     """Sparse MQA decode over top-k gathered KV rows, warp-specialised (Hopper).
 
@@ -954,13 +955,16 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
     ``stages``: KV tiles in shared memory (default the most that fit, at most 3: 2 at d_qk 576
     with 64-head programs, 3 for fp8_ds_mla rows in 16-head programs; more than fit is a
     ValueError naming the bytes, :func:`shared_memory_bytes`; 1 serialises gather and MMAs);
-    ``split_partials``: ``"float32"`` (FlashMLA's) or ``"bfloat16"`` partials of a split call
-    (``sparse_mla_decode.SPLIT_PARTIALS``; ValueError otherwise): bf16 ones are stored
-    through shared memory as 16-byte vectors and read by the combine as int32 pairs, half the bytes: H200, fp8_ds_mla
-    H128 top_k 2048, CUDA-graph replays: 0.73 / 0.84 / 0.91 / 0.88 / 0.91 / 0.98 of FlashMLA's
-    time at B1 / B2 / B4 / B8 / B16 / B32 against 0.77 / 0.94 / 1.01 / 0.98 / 0.97 / 1.02 with
-    float32 partials, for 1.02-1.05x the float32 partials' error from the float32 reference
-    (which equals FlashMLA's) with fp8_ds_mla rows, 1.25-1.29x with bf16 rows (BENCHMARKS 6w).
+    ``split_partials``: the partials of a split call (``sparse_mla_decode.SPLIT_PARTIALS``;
+    ValueError otherwise): ``"float16"`` (the default: each head's stored column range scaled
+    by the power of two that puts its largest magnitude in [2^14, 2^15), the exponents in a
+    ``[B, H, S, ranges]`` float32 tensor, so any finite values keep fp16's 11 bits),
+    ``"bfloat16"`` or ``"float32"`` (FlashMLA's). The 16-bit ones are stored through shared
+    memory as 16-byte vectors and read by the combine as int32 pairs, half the bytes of
+    float32 ones. H200, fp8_ds_mla H128 top_k 2048, CUDA-graph replays (BENCHMARKS 6x): see
+    there for the times against FlashMLA's; error from the float32 reference: fp16 partials
+    within 0.5 % of the float32 partials' (which equals FlashMLA's), bf16 ones 1.02-1.05x with
+    fp8_ds_mla rows and 1.25-1.29x with bf16 rows (6w).
     """
     part_dtype = split_partials_dtype(split_partials)
     if isinstance(q, torch.Tensor) and q.device.type != "cuda":
@@ -1046,7 +1050,7 @@ def _constexprs(kind: str, d_v: int, d_rope: int, stages: int, split: bool,
 
 def compile_for_sm90(kind: str = "bf16", *, d_v: int = 512, d_rope: int = 64, stages: int = 2,
                      split: bool = False, block_h: int = WS_BLOCK_H,
-                     split_partials: str = "float32"):
+                     split_partials: str = WS_SPLIT_PARTIALS):
     """The kernel compiled by the installed Triton for sm_90a without a GPU (a
     ``triton.compiler.CompiledKernel``: ``asm["ttgir" | "ptx" | "cubin"]``,
     ``metadata.shared`` in bytes) for KV rows of ``kind`` (``"bf16"`` or ``"fp8_ds_mla"``), with
