@@ -33,7 +33,8 @@ for r in range(ROUNDS):
     for (kv, b), prob in probs.items():
         pool = pools[kv]
         smd._COMBINE_ELEMS = ELEMS0
-        ref32 = ws.sparse_mla_decode_ws(prob.q, pool.cache, prob.indices, SM_SCALE, 512)[0].float().clone()
+        ref32 = ws.sparse_mla_decode_ws(prob.q, pool.cache, prob.indices, SM_SCALE, 512,
+                                       split_partials="float32")[0].float().clone()
         for case in [None] + CASES:
             if case is None:
                 name = "flashmla"
