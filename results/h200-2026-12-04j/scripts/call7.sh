@@ -8,7 +8,7 @@ SECONDS=0
 for v in "l1 num_layers=1" "b4 batch_size=4"; do
   set -- $v
   timeout 60 python3 -m harness -m attention_kernel=triton_ws,triton_ws_f32p,triton_ws_bf16p top_k=2048 steps=8 \
-    backends=[flashmla_sparse] $2 hydra.sweep.dir=$OUT/$1 > $OUT/$1.txt 2>&1
+    backend=flashmla_sparse $2 hydra.sweep.dir=$OUT/$1 > $OUT/$1.txt 2>&1
   echo "$1 rc=$? s=$SECONDS"; grep -i "error" $OUT/$1.txt | head -3
 done
 python3 - <<'PY'
