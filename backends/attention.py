@@ -1,12 +1,13 @@
 """The attention-kernel switch shared by every backend
-(``attention_kernel=triton|triton_ws|triton_ws_f32p|triton_ws_bf16p|flashmla``).
+(``attention_kernel=triton|triton_ws|triton_ws_f16p|triton_ws_bf16p|flashmla``).
 
 Upstream, both engines end in FlashMLA's sparse decode on a table of device slots, so one
 switch covers both backends: ``triton`` is this project's ``sparse_mla_decode``, ``triton_ws``
-its warp-specialised Gluon kernel (Hopper; ``sparse_mla_decode(kernel="ws")``, whose split
-calls, i.e. small batches, write scaled fp16 partials), ``triton_ws_f32p`` / ``triton_ws_bf16p``
-the same kernel with float32 (FlashMLA's) / bf16 split partials (``split_partials=
-"float32"`` / ``"bfloat16"``: BENCHMARKS 6w, 6x),
+its warp-specialised Gluon kernel (Hopper; ``sparse_mla_decode(kernel="ws")``, float32 split
+partials as FlashMLA's), ``triton_ws_f16p`` / ``triton_ws_bf16p`` the same kernel with scaled
+fp16 / bf16 split partials (``split_partials="float16"`` / ``"bfloat16"``: half the bytes in
+split calls, i.e. small batches; fp16 ones at the float32 partials' error, bf16 ones at a
+slightly larger one; BENCHMARKS 6w, 6x),
 ``flashmla`` the upstream kernels (optional extra) behind the same signature.
 """
 from __future__ import annotations
@@ -21,9 +22,9 @@ from backends.base import BackendInvalid, BackendUnavailable
 AttentionFn = Callable[..., Tuple[torch.Tensor, torch.Tensor]]
 #: ``attention_kernel``: ours (Triton, or the warp-specialised Gluon kernel with float32 or
 #: the split partials it names), or FlashMLA's (optional extra)
-ATTENTION_KERNELS = ("triton", "triton_ws", "triton_ws_f32p", "triton_ws_bf16p", "flashmla")
+ATTENTION_KERNELS = ("triton", "triton_ws", "triton_ws_f16p", "triton_ws_bf16p", "flashmla")
 #: the warp-specialised kernel's names and their ``split_partials``
-_WS_PARTIALS = {"triton_ws": "float16", "triton_ws_f32p": "float32",
+_WS_PARTIALS = {"triton_ws": "float32", "triton_ws_f16p": "float16",
                 "triton_ws_bf16p": "bfloat16"}
 
 

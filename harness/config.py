@@ -91,7 +91,7 @@ CORE_FIELDS = [
     ("phase", Optional[str], None),     # old name of scenario (decode | extend)
     ("extend_len", int, 128),           # scenario=extend: new query tokens per request
     ("backend", str, "all"),            # serving design to run, or all (every backend on the same selection)
-    ("attention_kernel", str, "triton"),  # attention of every backend: triton, triton_ws, triton_ws_f32p, triton_ws_bf16p (ours) or flashmla (upstream, optional extra)
+    ("attention_kernel", str, "triton"),  # attention of every backend: triton, triton_ws, triton_ws_f16p, triton_ws_bf16p (ours) or flashmla (upstream, optional extra)
     ("kv_dtype", str, "fp8_ds_mla"),    # KV row format: fp8_ds_mla (656 B rows at dsv32) or bf16 (1152 B)
     ("kv_scale_format", str, "raw"),    # fp8_ds_mla tile scales: raw max(amax/448, FLT_MIN) (vLLM's cache writer) or pow2 (FlashMLA's quantizer)
     ("page_size", int, 64),             # tokens per KV page

@@ -305,7 +305,7 @@ def test_dsv32_size_matches_reference(kv_dtype, num_splits, stages):
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_ds_mla"])
 @pytest.mark.parametrize("partials", ["bfloat16", "float16"])
 def test_16bit_split_partials_match_reference(kv_dtype, partials):
-    """``split_partials="bfloat16"`` / ``"float16"`` (the default) at DeepSeek-V3.2's size, split by the
+    """``split_partials="bfloat16"`` / ``"float16"`` at DeepSeek-V3.2's size, split by the
     model (which prices the 16-bit partials) and by hand, a fully masked row and a masked first
     split: within the tolerance of the reference, and within one bf16 rounding of the float32
     partials' output on most values (a partial or the combine's word order wrong would be off
@@ -319,7 +319,7 @@ def test_16bit_split_partials_match_reference(kv_dtype, partials):
     ref, _ = sparse_mla_decode_ref(q, cache, idx, 576 ** -0.5, 512)
     for splits in (None, 3):
         out, lse, info = _check(q, cache, idx, 512, kv_dtype, num_splits=splits,
-                                **({} if partials == "float16" else {"split_partials": partials}))
+                                split_partials=partials)
         assert info.split_partials == partials and info.num_splits == (splits or 16)
         assert torch.all(out[3] == 0) and torch.all(lse[3] == math.inf)
         f32, lse32, info32 = _check(q, cache, idx, 512, kv_dtype, num_splits=info.num_splits,
@@ -351,7 +351,7 @@ def test_float16_split_partials_hold_any_range(kv_dtype):
         assert ref.abs().max() > 65504 if base > 1 else ref.abs().max() < 6e-5
         for splits in (None, 4):
             out, _, info = sparse_mla_decode_with_info(q, cache, idx, sm_scale, 512, kernel="ws",
-                                                       num_splits=splits)
+                                                       num_splits=splits, split_partials="float16")
             assert info.split_partials == "float16" and info.num_splits > 1 and torch.isfinite(out.float()).all(), (base, splits)
             assert ((out.float() - ref).norm() / ref.norm()).item() <= REL_TOL, (base, splits)
 
@@ -416,28 +416,28 @@ def test_attention_switch_names_the_limit():
     timing: off Hopper it is a BackendInvalid naming why."""
     from backends.attention import ATTENTION_KERNELS, heads_computed, resolve_attention
     from backends.base import BackendInvalid
-    assert {"triton_ws", "triton_ws_f32p", "triton_ws_bf16p"} <= set(ATTENTION_KERNELS)
+    assert {"triton_ws", "triton_ws_f16p", "triton_ws_bf16p"} <= set(ATTENTION_KERNELS)
     # the FLOP accounting counts the heads the programs compute: 16 / 32-head programs up to
     # 32 heads, else 64-head programs with a padded remainder
     for kind in ("bf16", "fp8_ds_mla"):
-        for name in ("triton_ws", "triton_ws_f32p", "triton_ws_bf16p"):
+        for name in ("triton_ws", "triton_ws_f16p", "triton_ws_bf16p"):
             assert [heads_computed(name, h, kind) for h in (8, 16, 20, 32, 33, 64, 80, 128)] \
                 == [16, 16, 32, 32, 64, 64, 128, 128]
     assert heads_computed("triton", 16, "bf16") == 16
     kv = torch.zeros(64, 576, dtype=torch.bfloat16)
     if not _hopper():
-        for name in ("triton_ws", "triton_ws_f32p", "triton_ws_bf16p"):
+        for name in ("triton_ws", "triton_ws_f16p", "triton_ws_bf16p"):
             with pytest.raises(BackendInvalid, match=f"attention_kernel='{name}' needs"):
                 resolve_attention(name, torch.device("cpu"), 128, 576, 512, kv)
     else:
         fn = resolve_attention("triton_ws", torch.device("cuda"), 128, 576, 512, kv.cuda())
-        assert fn.keywords == {"kernel": "ws", "split_partials": "float16"}
+        assert fn.keywords == {"kernel": "ws", "split_partials": "float32"}
         q, kvr, idx = _inputs(5, b=2, h=128, d_v=512, d_rope=64, k=256, num_slots=512,
                               device=torch.device("cuda"))
         out, _ = fn(q, kvr, idx, 0.05, 512)
         ref, _ = sparse_mla_decode_ref(q, kvr, idx, 0.05, 512)
         assert ((out.float() - ref).norm() / ref.norm()).item() <= REL_TOL
-        for name, partials in (("triton_ws_f32p", "float32"), ("triton_ws_bf16p", "bfloat16")):
+        for name, partials in (("triton_ws_f16p", "float16"), ("triton_ws_bf16p", "bfloat16")):
             fn_p = resolve_attention(name, torch.device("cuda"), 128, 576, 512, kv.cuda())
             assert fn_p.keywords == {"kernel": "ws", "split_partials": partials}
             out_p, _ = fn_p(q, kvr, idx, 0.05, 512)

@@ -491,8 +491,8 @@ class LaunchInfo:
     kernel) or ``"ws"`` (the warp-specialised Gluon kernel of
     :mod:`backends.kernels.sparse_mla_decode_ws`: 64-head, 64-token tiles, 8 consumer warps
     and a producer warpgroup; ``prefetch`` is ``"producer"`` there). ``split_partials`` is
-    the dtype of a split call's partials (``"float32"``; the ws kernel's default
-    ``"float16"``, or ``"bfloat16"``; none are written with one split).
+    the dtype of a split call's partials (``"float32"``, or ``"float16"`` / ``"bfloat16"``
+    for the ws kernel; none are written with one split).
     """
 
     block_h: int
@@ -695,9 +695,12 @@ def plan_splits(q: torch.Tensor, top_k: int, num_slots: int, d_v: int, block_h: 
 
 #: ``split_partials``: the dtype of a split call's partials, by name
 SPLIT_PARTIALS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-#: the warp-specialised kernel's default ``split_partials``: scaled fp16, the float32 partials'
-#: error at the 16-bit partials' bytes (BENCHMARKS 6x)
-WS_SPLIT_PARTIALS = "float16"
+#: the warp-specialised kernel's default ``split_partials``: float32, FlashMLA's. Scaled fp16
+#: ones have the float32 partials' error at half the bytes and are faster on their own (H200,
+#: fp8_ds_mla H128 top_k 2048, graph replays: 0.75-0.93 of FlashMLA's time at B1-B16 against
+#: 0.76-1.03), but inside the harness's decode step its attention stage was 2.7-3.5 us slower
+#: with them than with float32 ones at batch 4 and 32, not explained yet (BENCHMARKS 6x)
+WS_SPLIT_PARTIALS = "float32"
 
 
 def split_partials_dtype(split_partials) -> torch.dtype:
@@ -902,10 +905,10 @@ def sparse_mla_decode_with_info(
             most 3), ``num_splits`` and ``split_partials`` only: the other launch options
             must keep their defaults.
         split_partials: dtype of a split call's per-split partials: ``"float32"`` (FlashMLA's;
-            the only one of ``kernel="triton"``, its default) or, with ``kernel="ws"``,
-            ``"float16"`` (its default: each head's stored column range scaled by a power of
-            two, so any finite values keep 11 bits; the float32 partials' error within 0.5 %)
-            or ``"bfloat16"`` (1.02-1.05x the float32 partials' error with fp8_ds_mla rows,
+            the default, and the only one of ``kernel="triton"``) or, with ``kernel="ws"``,
+            ``"float16"`` (each head's stored column range scaled by a power of two, so any
+            finite values keep 11 bits; the float32 partials' error within 0.5 %) or
+            ``"bfloat16"`` (1.02-1.05x the float32 partials' error with fp8_ds_mla rows,
             1.25-1.29x with bf16 rows, BENCHMARKS 6w): either 16-bit kind halves the bytes the
             decode writes and the combine reads (H200, fp8_ds_mla H128 top_k 2048: BENCHMARKS
             6x).

@@ -956,10 +956,10 @@ def sparse_mla_decode_ws(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch
     with 64-head programs, 3 for fp8_ds_mla rows in 16-head programs; more than fit is a
     ValueError naming the bytes, :func:`shared_memory_bytes`; 1 serialises gather and MMAs);
     ``split_partials``: the partials of a split call (``sparse_mla_decode.SPLIT_PARTIALS``;
-    ValueError otherwise): ``"float16"`` (the default: each head's stored column range scaled
-    by the power of two that puts its largest magnitude in [2^14, 2^15), the exponents in a
-    ``[B, H, S, ranges]`` float32 tensor, so any finite values keep fp16's 11 bits),
-    ``"bfloat16"`` or ``"float32"`` (FlashMLA's). The 16-bit ones are stored through shared
+    ValueError otherwise): ``"float32"`` (FlashMLA's; the default), ``"float16"`` (each head's
+    stored column range scaled by the power of two that puts its largest magnitude in [2^14,
+    2^15), the exponents in a ``[B, H, S, ranges]`` float32 tensor, so any finite values keep
+    fp16's 11 bits) or ``"bfloat16"``. The 16-bit ones are stored through shared
     memory as 16-byte vectors and read by the combine as int32 pairs, half the bytes of
     float32 ones. H200, fp8_ds_mla H128 top_k 2048, CUDA-graph replays (BENCHMARKS 6x): see
     there for the times against FlashMLA's; error from the float32 reference: fp16 partials

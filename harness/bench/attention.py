@@ -103,7 +103,7 @@ ALL = tuple(KV_DTYPES)
 FP8 = ("fp8_ds_mla",)
 #: the warp-specialised Gluon kernel (backends/kernels/sparse_mla_decode_ws.py: Hopper)
 _WS = (("ws", {"kernel": "ws"}, ALL),
-       ("ws_f32p", {"kernel": "ws", "split_partials": "float32"}, ALL),
+       ("ws_f16p", {"kernel": "ws", "split_partials": "float16"}, ALL),
        ("ws_bf16p", {"kernel": "ws", "split_partials": "bfloat16"}, ALL))
 
 
@@ -168,7 +168,7 @@ def _small(batch: int, auto_splits: int) -> TuneShape:
 #: the tuning grid (``--tune``); the small-batch split counts bracket ``choose_num_splits``'s
 #: choice at 64-token tiles on 132 SMs (32, 16, 16, 8 for B = 1, 2, 4, 8; a split count past
 #: the 32 tiles is clamped to one tile per split); B16 / B32 at H128 and B4 / B8 at H16 (split
-#: calls) for the ws kernel with its default (scaled fp16), float32 (``ws_f32p``) and bf16
+#: calls) for the ws kernel with float32 (its default), scaled fp16 (``ws_f16p``) and bf16
 #: (``ws_bf16p``) partials
 TUNE = (TuneShape("B128_H128_k2048", 128, 128, 2048, _BIG),
         TuneShape("B128_H16_k2048", 128, 16, 2048, _TP8),
