@@ -698,7 +698,7 @@ SPLIT_PARTIALS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16
 #: the warp-specialised kernel's default ``split_partials``: float32, FlashMLA's. Scaled fp16
 #: ones have the float32 partials' error at half the bytes and are faster on their own (H200,
 #: fp8_ds_mla H128 top_k 2048, graph replays: 0.75-0.93 of FlashMLA's time at B1-B16 against
-#: 0.76-1.03), but inside the harness's decode step its attention stage was 2.7-3.5 us slower
+#: 0.74-1.03), but inside the harness's decode step its attention stage was 1.6-3.7 us slower
 #: with them than with float32 ones at batch 4 and 32, not explained yet (BENCHMARKS 6x)
 WS_SPLIT_PARTIALS = "float32"
 

@@ -57,8 +57,8 @@ that path, as FlashMLA's producer warps do:
   shared memory it is done with (warpgroup 0 the query block; warpgroup 1 the bf16 tile once
   warpgroup 0 has handed the row sums, after its last PV MMA; the bf16 consumers the stages)
   and stores them as 16-byte vectors along a row; a split's float32 partials go straight from
-  the accumulator (8 bytes a thread, whole sectors), its bf16 partials
-  (``split_partials="bfloat16"``) the staged way. B128 H128 fp8 210 us against 213 stored
+  the accumulator (8 bytes a thread, whole sectors), its 16-bit partials
+  (``split_partials="float16"`` / ``"bfloat16"``) the staged way. B128 H128 fp8 210 us against 213 stored
   from the accumulator, bf16 184 against 192 (BENCHMARKS 6t).
 
 Shared memory (:func:`shared_memory_bytes`): the query block (72 KB at 64 heads, d_qk 576),
@@ -126,8 +126,8 @@ _Q_EARLY = True
 #: accumulator's layout: B128 H128 fp8 210.0 / 210.3 us against 212.8 / 214.1, bf16 183.1 /
 #: 184.1 against 191.2 / 192.1 (BENCHMARKS 6t). A split's float32 partials stay stored from the
 #: accumulator's layout (8 bytes a thread, whole sectors): staged they were 0.1-1.8 us slower at
-#: B1-B8 (the 128 KB round trip through shared memory a program); bf16 partials
-#: (``split_partials="bfloat16"``) are staged as the output is (BENCHMARKS 6w)
+#: B1-B8 (the 128 KB round trip through shared memory a program); 16-bit partials
+#: (``split_partials="float16"`` / ``"bfloat16"``) are staged as the output is (BENCHMARKS 6w)
 _STAGED_STORE = True
 #: registers per thread of the whole program: 12 warps x 32 x 168 <= 64 K; the consumers get
 #: (168 * 12 - 48 * 4) / 8 = 228 rounded down to setmaxnreg's multiple of 8: 224 (the PTX's
@@ -207,7 +207,8 @@ _E4M3X4_TO_BF16_PTX = gl.constexpr("""{
         mul.rn.bf16x2 $0, t0, $3;
         mul.rn.bf16x2 $1, t1, $3;
         }""")
-#: 2^120: the bias between a bf16's exponent and an e4m3's, folded into the scale
+#: 2^120: the bias between a bf16's exponent and an e4m3's, folded into the scale (so a scale of 2^8
+#: or more overflows to inf: tile maxima from 114688 come out inf / NaN, BENCHMARKS 6x)
 _E4M3_TO_BF16_BIAS = gl.constexpr(1.329227995784916e+36)
 
 
@@ -888,7 +889,10 @@ def ws_supported(q: torch.Tensor, kv_cache: torch.Tensor, d_v: int) -> Optional[
     ``d_qk - d_v`` = 64 (DeepSeek-V3.2's rope part) (the KV row format itself is checked by
     ``check_decode_inputs``), and 16-byte aligned rows, rope
     part and query rows (cp.async; fp8_ds_mla rows at d_v 512 have their rope part at byte 528,
-    at d_v 256 at byte 264: not served)."""
+    at d_v 256 at byte 264: not served). Not checked (it would read the cache): fp8_ds_mla
+    tiles need scales below 2^8 (tile maxima below 448 x 256 = 114688), since the
+    dequantization multiplies by the scale x 2^120 as a bf16 (:func:`_dequant_rows`); larger
+    ones come out inf / NaN, where FlashMLA and the Triton kernel stay finite (BENCHMARKS 6x)."""
     if q.device.type != "cuda":
         return f"needs a CUDA device (tensors on {q.device})"
     major = torch.cuda.get_device_capability(q.device)[0]
