@@ -5,8 +5,10 @@ import os
 import platform
 import socket
 import subprocess
+import tempfile
 from datetime import datetime, timezone
 from functools import lru_cache
+from pathlib import Path
 from typing import Dict, Optional
 
 import torch
@@ -16,12 +18,39 @@ from harness.config import ROOT
 from harness.launchers import gpu_slot
 
 
-def _git(*args: str) -> str:
+def _git(*args: str, root: Path = ROOT, env: Optional[Dict[str, str]] = None,
+         stdin: Optional[str] = None) -> str:
     try:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
-                              timeout=10).stdout.strip()
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
+                              timeout=10, env=env, input=stdin).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
+
+
+#: what a row's code is (``code_tree_sha``): the project's code and configuration
+CODE_PATHS = ("harness", "backends", "conf", "sweeps", "pyproject.toml")
+
+
+def code_tree_sha(commit: Optional[str] = None, root: Path = ROOT) -> Optional[str]:
+    """The git tree id of :data:`CODE_PATHS` under ``root``: as they are on disk (tracked files
+    and untracked ones git does not ignore) or, given ``commit``, as committed there. Equal ids
+    mean the same code, so a row whose ``git_sha`` is stale (a copied tree with an older
+    ``.git``, as on the GPU machine) still names its code: compare with
+    ``code_tree_sha("<commit>")``. Built in a temporary index (the repository's own index is
+    not touched); None outside a git checkout."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "GIT_INDEX_FILE": os.path.join(tmp, "index")}
+        if commit is None:
+            paths = [p for p in CODE_PATHS if (root / p).exists()]
+            if paths:
+                _git("add", "-A", "--", *paths, root=root, env=env)
+        else:
+            listing = _git("ls-tree", "-r", "--full-tree", commit, "--", *CODE_PATHS,
+                           root=root, env=env)
+            if listing:
+                _git("update-index", "--index-info", root=root, env=env, stdin=listing + "\n")
+        sha = _git("write-tree", root=root, env=env)
+    return sha if len(sha) == 40 and all(c in "0123456789abcdef" for c in sha) else None
 
 
 def host_virtualized(cpuinfo: str = "/proc/cpuinfo") -> Optional[bool]:
@@ -40,7 +69,7 @@ def host_virtualized(cpuinfo: str = "/proc/cpuinfo") -> Optional[bool]:
 
 
 def provenance(device: str) -> Dict[str, object]:
-    """git_sha, git_dirty, torch/triton versions, the FlashMLA build (``flashmla_peer.flashmla_build``: distribution, version, commit or "none"), GPU name and host of this process, whether the host is a virtual machine (:func:`host_virtualized`); the GPU slot
+    """git_sha, git_dirty, code_tree_sha (:func:`code_tree_sha`), torch/triton versions, the FlashMLA build (``flashmla_peer.flashmla_build``: distribution, version, commit or "none"), GPU name and host of this process, whether the host is a virtual machine (:func:`host_virtualized`); the GPU slot
     it runs on under ``hydra/launcher=local_gpus`` (``harness.launchers.gpu_slot``) and its
     ``CUDA_VISIBLE_DEVICES``."""
     return {**_process_provenance(device), "gpu_slot": gpu_slot(),
@@ -61,6 +90,7 @@ def _process_provenance(device: str) -> Dict[str, object]:
     return {
         "git_sha": sha,
         "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")) if sha != "unknown" else None,
+        "code_tree_sha": code_tree_sha() if sha != "unknown" else None,
         "torch_version": torch.__version__,
         "triton_version": triton_version,
         "flashmla_build": flashmla_build(),

@@ -150,6 +150,7 @@ COLUMNS: Dict[str, str] = {
     # provenance
     "git_sha": "string",
     "git_dirty": "boolean",
+    "code_tree_sha": "string",    # harness.env.code_tree_sha: the code's git tree id, as run
     "torch_version": "string",
     "triton_version": "string",
     "flashmla_build": "string",   # harness.env.flashmla_build: distribution version commit, or none
