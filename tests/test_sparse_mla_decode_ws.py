@@ -335,6 +335,27 @@ def test_16bit_split_partials_match_reference(kv_dtype, partials):
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_ds_mla"])
+@pytest.mark.parametrize("h", [16, 32])
+def test_16bit_split_partials_of_few_heads(kv_dtype, h):
+    """16- and 32-head programs (the transposed consumers, whose fp16 partials' head maximum
+    is taken across warps): fp16 and bf16 partials at the model's split count and at 5 splits,
+    a fully masked row, within the tolerance of the reference."""
+    dev = torch.device("cuda")
+    q, kv, idx = _inputs(45 + h, b=3, h=h, d_v=512, d_rope=64, k=2048, num_slots=16384,
+                         device=dev)
+    cache = make_kv_cache(kv, kv_dtype, d_nope=512)
+    idx[2] = -1
+    for partials in ("float16", "bfloat16"):
+        for splits in (None, 5):
+            out, lse, info = _check(q, cache, idx, 512, kv_dtype, num_splits=splits,
+                                    split_partials=partials)
+            assert info.block_h == h and info.num_splits > 1 and info.split_partials == partials
+            assert torch.all(out[2] == 0) and torch.all(lse[2] == math.inf)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_ds_mla"])
 def test_float16_split_partials_hold_any_range(kv_dtype):
     """fp16 partials of outputs past fp16's range: rows of about 2^16 (1 + N(0, 0.1)) (outputs
     past its 65504; fp8_ds_mla tiles' maxima stay under the 448 x 2^8 that the bf16
