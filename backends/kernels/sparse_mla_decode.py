@@ -343,9 +343,9 @@ def _sparse_mla_decode_combine(
 ):
     """One program per (batch row x head, ``BLOCK_D`` columns of V): every split's partial of
     those columns loaded at once (``[S_PAD, BLOCK_D]``), weighted by ``exp(lse_s - max)``.
-    ``PAIRS``: bf16 partials read as int32 words of two columns each (``part_o_ptr`` an int32
-    view ``[B, H, S, D_V / 2]``; the even column in the low half), widened to float32 by
-    shifts, and the output written as such words (``out_ptr`` an int32 view, its strides in
+    ``PAIRS``: 16-bit partials read as int32 words of two columns each (``part_o_ptr`` an int32
+    view ``[B, H, S, D_V / 2]``; the even column in the low half), widened to float32 (bf16 by
+    shifts, fp16 by conversions), and the output written as such words (``out_ptr`` an int32 view, its strides in
     words), so that loads, sums and stores keep the float32 partials' layout (loaded as bf16,
     Triton laid them out 8 a thread and moved them to the sum's layout through shared memory;
     BENCHMARKS 6w). ``SCALED``: the pairs are fp16, each row's ``NCH`` column ranges of a split
@@ -429,8 +429,8 @@ def choose_num_splits(batch: int, num_heads: int, top_k: int, *, block_h: int = 
         num_sms: multiprocessors of the device (132 on the H200).
         d_v: V width (sizes the partials).
         max_splits: upper bound on the result.
-        partial_bytes: bytes of one partial value (4: float32; 2: bf16, the warp-specialised
-            kernel's ``split_partials="bfloat16"``).
+        partial_bytes: bytes of one partial value (4: float32; 2: the warp-specialised
+            kernel's ``split_partials="float16"`` / ``"bfloat16"``).
 
     Returns:
         An int in ``[1, min(max_splits, ceil(top_k / block_n))]``.
@@ -661,8 +661,9 @@ def plan_splits(q: torch.Tensor, top_k: int, num_slots: int, d_v: int, block_h: 
     device; ``num_splits`` (default :func:`choose_num_splits`; ValueError unless an int >= 1)
     is cut so that every split gets at least one ``block_n`` tile, and is 0 when there is
     nothing to attend (``top_k`` or ``num_slots`` 0: ``out`` is then 0 and ``lse`` ``+inf``,
-    nothing to launch); ``part_o [B, H, S, d_v]`` (``part_dtype``: float32, or bf16 for the ws
-    kernel's ``split_partials="bfloat16"``, which the split count's model prices too) /
+    nothing to launch); ``part_o [B, H, S, d_v]`` (``part_dtype``: float32, or fp16 / bf16 for
+    the ws kernel's ``split_partials="float16"`` / ``"bfloat16"``, which the split count's model
+    prices too) /
     ``part_lse [B, H, S]`` fp32 are the per-split partials for :func:`combine_splits` (``lse``
     itself, unused, with one split)."""
     bsz, num_heads, _ = q.shape
